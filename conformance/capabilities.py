@@ -1,0 +1,179 @@
+"""Capability probes: what the local torch and hardware can really do, against what a descriptor declares.
+
+Triggered once per session by the plugin (and by ``conformance backends``). Reads the descriptor and
+the installed torch; writes nothing. Each probe returns whether the capability works here and, when it
+does not, the exact reason (the error torch raised, verbatim where there is one), which becomes the
+skip reason of every test that needs it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+
+from conformance.descriptors import CAPABILITIES, BackendDescriptor
+
+__all__ = ["CapabilityReport", "Probe", "probe_capabilities"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    capability: str
+    available: bool
+    reason: str = ""
+
+
+@dataclass
+class CapabilityReport:
+    """Declared and probed capabilities of one backend on this machine."""
+
+    descriptor: BackendDescriptor
+    probes: dict[str, Probe] = field(default_factory=dict)
+
+    def usable(self, capability: str) -> tuple[bool, str]:
+        """(True, "") when declared and probed; else (False, why) naming the descriptor or the probe."""
+        probe = self.probes[capability]
+        if not self.descriptor.declares(capability):
+            hint = " (the probe finds it available: consider declaring it)" if probe.available else ""
+            return False, f"{self.descriptor.name} declares {capability}: false in {self.descriptor.source}{hint}"
+        if not probe.available:
+            return False, f"{capability} unavailable on {self.descriptor.name}: {probe.reason}"
+        return True, ""
+
+    def mismatches(self) -> list[str]:
+        """One line per capability whose declaration and probe disagree."""
+        lines = []
+        for name in CAPABILITIES:
+            declared, probe = self.descriptor.declares(name), self.probes[name]
+            if declared and not probe.available:
+                lines.append(f"{name}: declared true but the probe fails: {probe.reason}")
+            elif not declared and probe.available:
+                lines.append(f"{name}: declared false but the probe finds it available")
+        return lines
+
+
+def _device(descriptor: BackendDescriptor):
+    import torch
+
+    return torch.device(descriptor.device_type, 0) if descriptor.device_type != "cpu" else torch.device("cpu")
+
+
+def _probe_collectives(d: BackendDescriptor) -> Probe:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return Probe("collectives", False, "torch.distributed is not available in this build")
+    name = d.distributed_backend
+    registered = name in dist.Backend.backend_list or name.upper() in dist.Backend.backend_type_map
+    if not registered:
+        return Probe("collectives", False, f"distributed backend {name!r} is not registered "
+                     "(import the module that registers it via setup_modules)")
+    if not dist.is_backend_available(name):
+        return Probe("collectives", False, f"distributed backend {name!r} is not available in this build")
+    return Probe("collectives", True)
+
+
+def _probe_dtensor(d: BackendDescriptor) -> Probe:
+    try:
+        import torch.distributed.tensor  # noqa: F401
+    except Exception as exc:  # an import error of any kind means no DTensor
+        return Probe("dtensor", False, f"import torch.distributed.tensor failed: {exc}")
+    return Probe("dtensor", True)
+
+
+def _probe_compile(d: BackendDescriptor) -> Probe:
+    import torch
+
+    try:
+        import torch._dynamo
+
+        if not torch._dynamo.is_dynamo_supported():
+            return Probe("compile", False, "torch._dynamo is not supported on this Python")
+    except Exception as exc:
+        return Probe("compile", False, f"torch._dynamo unavailable: {exc}")
+    if d.device_type == "cpu":
+        if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+            return Probe("compile", False, "Inductor on CPU needs a C++ compiler; none found on PATH")
+    elif d.device_type in ("cuda", "xpu"):
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return Probe("compile", False, f"Inductor on {d.device_type} needs triton; it is not installed")
+    return Probe("compile", True)
+
+
+def _probe_aot_compile(d: BackendDescriptor, compile_probe: Probe) -> Probe:
+    import torch
+
+    if not compile_probe.available:
+        return Probe("aot_compile", False, f"needs compile: {compile_probe.reason}")
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return Probe("aot_compile", False, "torch.compiler.load_compiled_function is missing in this torch")
+    if not hasattr(torch.compile(lambda x: x), "aot_compile"):
+        return Probe("aot_compile", False, "torch.compile(...) has no aot_compile in this torch")
+    return Probe("aot_compile", True)
+
+
+def _probe_symmetric_memory(d: BackendDescriptor) -> Probe:
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        symm_mem.empty(16, device=_device(d))
+    except Exception as exc:
+        return Probe("symmetric_memory", False, str(exc).strip().splitlines()[0])
+    return Probe("symmetric_memory", True)
+
+
+def _nccl_version() -> tuple[int, ...] | None:
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return tuple(version) if isinstance(version, tuple) else None
+
+
+def _probe_put_signal(d: BackendDescriptor, symm: Probe) -> Probe:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not symm.available:
+        return Probe("put_signal", False, f"needs symmetric memory: {symm.reason}")
+    if not hasattr(symm_mem, "put_signal"):
+        return Probe("put_signal", False, "torch.distributed._symmetric_memory.put_signal is missing")
+    if d.device_type == "cuda":
+        version = _nccl_version()
+        if version is None or version < (2, 29):
+            shown = ".".join(map(str, version)) if version else "unknown"
+            return Probe("put_signal", False,
+                         f"put_signal dispatches to NCCL only and needs NCCL >= 2.29; this build has {shown}")
+    return Probe("put_signal", True)
+
+
+def _probe_bf16(d: BackendDescriptor) -> Probe:
+    import torch
+
+    try:
+        a = torch.ones(4, 4, dtype=torch.bfloat16, device=_device(d))
+        (a @ a).sum().item()
+    except Exception as exc:
+        return Probe("bf16", False, f"bfloat16 matmul failed: {exc}")
+    return Probe("bf16", True)
+
+
+def probe_capabilities(descriptor: BackendDescriptor) -> CapabilityReport:
+    """probe_capabilities(descriptor) -> CapabilityReport: run every probe in this process."""
+    report = CapabilityReport(descriptor)
+    compile_probe = _probe_compile(descriptor)
+    symm = _probe_symmetric_memory(descriptor)
+    for probe in (
+        _probe_collectives(descriptor),
+        _probe_dtensor(descriptor),
+        compile_probe,
+        _probe_aot_compile(descriptor, compile_probe),
+        symm,
+        _probe_put_signal(descriptor, symm),
+        _probe_bf16(descriptor),
+    ):
+        report.probes[probe.capability] = probe
+    return report

@@ -1,0 +1,192 @@
+"""The ``conformance`` command: ``run`` the packaged suites, show ``backends``, ``list`` the tests.
+
+Runs pytest in-process on the installed ``conformance/suites`` (so it works from any directory),
+then reads the JSON report it wrote to print a per-suite table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from conformance.descriptors import CAPABILITIES, DescriptorError
+
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+COLUMNS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
+
+
+def available_suites() -> list[str]:
+    return sorted(p.stem.removeprefix("test_") for p in SUITES_DIR.glob("test_*.py"))
+
+
+def _suite_paths(names: list[str] | None) -> list[str]:
+    known = available_suites()
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise SystemExit(f"conformance: unknown suite {', '.join(map(repr, unknown))}; "
+                         f"available: {', '.join(known)}")
+    return [str(SUITES_DIR / f"test_{n}.py") for n in (names or known)]
+
+
+def _common_pytest_args(args: argparse.Namespace) -> list[str]:
+    out = ["--backend", args.backend, "-p", "no:cacheprovider"]
+    if getattr(args, "world_size", None):
+        out += ["--world-size", str(args.world_size)]
+    if args.backends_dir:
+        out += ["--backends-dir", args.backends_dir]
+    return out
+
+
+def format_table(report) -> str:
+    rows = [("suite", *COLUMNS)]
+    for suite, s in report.suites().items():
+        rows.append((suite, *(str(getattr(s, c)) for c in COLUMNS)))
+    s = report.summary
+    rows.append(("total", *(str(getattr(s, c)) for c in COLUMNS)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+
+    from conformance.report import load_report
+
+    with tempfile.TemporaryDirectory(prefix="conformance-run-") as tmp:
+        report_path = args.report or str(Path(tmp) / "report.json")
+        pytest_args = _suite_paths(args.suite) + _common_pytest_args(args)
+        pytest_args += ["--conformance-report", report_path, "-rfEX"]
+        if args.junit:
+            pytest_args += ["--junitxml", args.junit]
+        pytest_args += args.pytest_args
+        code = int(pytest.main(pytest_args))
+        if not Path(report_path).exists():
+            return code or 2
+        report = load_report(report_path)
+    print()
+    print(f"conformance on {report.backend.name} ({report.backend.distributed_backend}, "
+          f"{report.backend.world_size} ranks, torch {report.torch.version}):")
+    print(format_table(report))
+    if args.report:
+        print(f"report: {args.report}")
+    unexpected = report.summary.failed + report.summary.errors
+    if code == 0 and unexpected:
+        return 1
+    return code
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from conformance.capabilities import probe_capabilities
+    from conformance.descriptors import load_descriptors
+    from conformance.detect import detect_backend, import_setup_modules
+
+    try:
+        descriptors = load_descriptors(args.backends_dir)
+    except DescriptorError as exc:
+        print(f"conformance: {exc}", file=sys.stderr)
+        return 2
+    try:
+        detected = detect_backend(descriptors).name
+    except DescriptorError as exc:
+        detected, why = None, str(exc)
+    print(f"{'name':10} {'device':8} {'dist':8} {'ranks':5} source")
+    for d in descriptors.values():
+        mark = "  <- detected here" if d.name == detected else ""
+        print(f"{d.name:10} {d.device_type:8} {d.distributed_backend:8} {d.world_size:<5} {d.source}{mark}")
+    if detected is None:
+        print(f"\nno descriptor matches this machine: {why}")
+        return 1
+    shown = descriptors[args.backend] if args.backend != "auto" else descriptors[detected]
+    import_setup_modules(shown)
+    report = probe_capabilities(shown)
+    print(f"\ncapabilities of {shown.name} (declared vs probed here):")
+    for name in CAPABILITIES:
+        probe = report.probes[name]
+        declared = "yes" if shown.declares(name) else "no"
+        probed = "yes" if probe.available else "no"
+        flag = "" if shown.declares(name) == probe.available else "  MISMATCH"
+        reason = f"  ({probe.reason})" if probe.reason else ""
+        print(f"  {name:17} declared {declared:3}  probed {probed:3}{flag}{reason}")
+    return 0
+
+
+class _Lister:
+    """Collects the suites and prints each test with what it needs and what will happen here."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def pytest_collection_finish(self, session) -> None:
+        from conformance.plugin import required_capabilities, required_world_size, test_id_of
+
+        for item in session.items:
+            needs = ", ".join(required_capabilities(item)) or "-"
+            ranks = required_world_size(item)
+            fate = ""
+            for marker in item.iter_markers():
+                if marker.name in ("skip", "xfail"):
+                    fate = f"  [{marker.name}: {marker.kwargs.get('reason', '')}]"
+                    break
+            self.lines.append(f"{test_id_of(item)}  requires: {needs}"
+                              f"{f'  ranks: {ranks}' if ranks else ''}{fate}")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import pytest
+
+    lister = _Lister()
+    code = pytest.main(_suite_paths(args.suite) + _common_pytest_args(args) + ["--collect-only",
+                       "-p", "no:terminal"], plugins=[lister])
+    print("\n".join(lister.lines))
+    print(f"{len(lister.lines)} tests")
+    return int(code)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conformance", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, world_size: bool = True) -> None:
+        p.add_argument("--backend", default="auto", help="descriptor name, or auto to detect (default)")
+        if world_size:
+            p.add_argument("--world-size", type=int, default=None, help="ranks (default: the descriptor's)")
+        p.add_argument("--backends-dir", default=None,
+                       help="extra descriptor directory; overrides packaged descriptors of the same name")
+
+    run = sub.add_parser("run", help="run the conformance suites on this machine")
+    common(run)
+    run.add_argument("--suite", action="append", help=f"suite to run, repeatable (default: all)")
+    run.add_argument("--report", default=None, help="write the JSON report here")
+    run.add_argument("--junit", default=None, help="write a JUnit XML report here")
+    run.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                     help="after --: extra pytest arguments (e.g. -- -k all_reduce -x)")
+    run.set_defaults(func=cmd_run)
+
+    backends = sub.add_parser("backends", help="descriptors, the one detected here, its capabilities")
+    common(backends, world_size=False)
+    backends.set_defaults(func=cmd_backends)
+
+    lst = sub.add_parser("list", help="the tests and the capabilities each needs")
+    common(lst)
+    lst.add_argument("--suite", action="append", help="suite to list, repeatable (default: all)")
+    lst.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "pytest_args", None) and args.pytest_args[0] == "--":
+        args.pytest_args = args.pytest_args[1:]
+    elif not hasattr(args, "pytest_args"):
+        args.pytest_args = []
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

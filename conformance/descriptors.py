@@ -1,0 +1,270 @@
+"""Backend descriptors: the ``backends/*.yaml`` files, their schema, and where they are found.
+
+A descriptor says what a backend is (device type, how to detect it, which distributed backend it
+uses), what it can do (declared capabilities), what is known to fail on it (test-id patterns with a
+reason and a link), and how the relay treats its downstream repository (trust level, label).
+
+This module is torch-free on purpose: the relay reads descriptors as its allowlist and must run
+without torch. Detection and capability probing, which need torch, live in ``conformance.detect``
+and ``conformance.capabilities``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "CAPABILITIES",
+    "BackendDescriptor",
+    "Capability",
+    "DescriptorError",
+    "Detect",
+    "KnownFailure",
+    "RelayTarget",
+    "TrustLevel",
+    "descriptor_dirs",
+    "load_descriptor",
+    "load_descriptors",
+    "packaged_backends_dir",
+]
+
+ENV_BACKENDS_DIR = "CONFORMANCE_BACKENDS_DIR"
+
+
+class Capability(str, enum.Enum):
+    """A feature a backend may have; tests ask for them with ``@requires(...)``."""
+
+    collectives = "collectives"
+    dtensor = "dtensor"
+    compile = "compile"
+    aot_compile = "aot_compile"
+    symmetric_memory = "symmetric_memory"
+    put_signal = "put_signal"
+    bf16 = "bf16"
+
+
+CAPABILITIES: tuple[str, ...] = tuple(c.value for c in Capability)
+
+
+class TrustLevel(str, enum.Enum):
+    """The relay's four trust levels (see the README's trust table)."""
+
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+    L4 = "L4"
+
+
+class DescriptorError(ValueError):
+    """A descriptor file is missing, unreadable or invalid; the message names file, field and fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Detect(_Strict):
+    """How to recognise the backend on the local machine.
+
+    ``accelerator`` is the type of ``torch.accelerator.current_accelerator()`` ("none" when there is
+    no accelerator); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
+    set (e.g. ROCm is a ``cuda`` accelerator with ``torch.version.hip`` set).
+    """
+
+    accelerator: str = Field(description='accelerator type, or "none" for CPU-only machines')
+    torch_version: dict[str, bool] = Field(default_factory=dict)
+
+    @property
+    def specificity(self) -> int:
+        return 1 + len(self.torch_version)
+
+
+class KnownFailure(_Strict):
+    """A test-id pattern known to fail on this backend, applied as strict xfail or as skip.
+
+    ``match`` is compared with ``<suite>::<test name>`` (e.g.
+    ``collectives::test_all_reduce[PREMUL_SUM-float32]``); ``*`` matches any run of characters and
+    every other character, brackets included, is literal.
+    """
+
+    match: str
+    reason: str = Field(min_length=1)
+    link: str = Field(min_length=1)
+    mode: Literal["xfail", "skip"] = "xfail"
+
+    @field_validator("match")
+    @classmethod
+    def _has_suite(cls, value: str) -> str:
+        if "::" not in value:
+            raise ValueError(
+                f"pattern {value!r} must look like '<suite>::<test name>', e.g. "
+                "'collectives::test_all_reduce[PREMUL_SUM-*]'"
+            )
+        return value
+
+    def matches(self, test_id: str) -> bool:
+        return _glob_regex(self.match).fullmatch(test_id) is not None
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
+
+
+class RelayTarget(_Strict):
+    """How the relay treats this backend's downstream repository."""
+
+    repository: str = Field(description="downstream repository, owner/name")
+    level: TrustLevel = TrustLevel.L1
+    label: str | None = Field(default=None, description="L3 label; default ciflow/crcr/<name>")
+    callback_token_sha256: str | None = Field(
+        default=None, description="sha256 hex of a static callback token, for CI without OIDC"
+    )
+
+    @field_validator("repository")
+    @classmethod
+    def _owner_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+", value):
+            raise ValueError(f"{value!r} is not 'owner/name'")
+        return value
+
+    @field_validator("callback_token_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError("must be the 64-character lowercase sha256 hex digest of the token")
+        return value
+
+
+class BackendDescriptor(_Strict):
+    """One ``backends/<name>.yaml`` file."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    description: str = ""
+    device_type: str = Field(description="torch device type: cpu, cuda, xpu, or a PrivateUse1 name")
+    detect: Detect
+    distributed_backend: str = Field(description="gloo, nccl, xccl, or any registered name")
+    setup_modules: tuple[str, ...] = Field(
+        default=(), description="modules imported in every rank before the process group starts"
+    )
+    world_size: int = Field(default=2, ge=1)
+    capabilities: dict[str, bool]
+    known_failures: tuple[KnownFailure, ...] = ()
+    relay: RelayTarget | None = None
+    source: str = Field(default="", exclude=True, description="file the descriptor came from")
+
+    @field_validator("capabilities")
+    @classmethod
+    def _known_capabilities(cls, value: dict[str, bool]) -> dict[str, bool]:
+        unknown = sorted(set(value) - set(CAPABILITIES))
+        if unknown:
+            raise ValueError(
+                f"unknown capability {', '.join(map(repr, unknown))}; "
+                f"allowed: {', '.join(CAPABILITIES)}"
+            )
+        missing = [c for c in CAPABILITIES if c not in value]
+        if missing:
+            raise ValueError(
+                f"capability {', '.join(map(repr, missing))} not declared; "
+                "declare every capability as true or false"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _put_signal_needs_symmetric_memory(self) -> "BackendDescriptor":
+        if self.capabilities.get("put_signal") and not self.capabilities.get("symmetric_memory"):
+            raise ValueError("capabilities: put_signal is true but symmetric_memory is false")
+        return self
+
+    @property
+    def relay_label(self) -> str | None:
+        if self.relay is None:
+            return None
+        return self.relay.label or f"ciflow/crcr/{self.name}"
+
+    def declares(self, capability: str) -> bool:
+        return self.capabilities[capability]
+
+    def known_failure_for(self, test_id: str) -> KnownFailure | None:
+        return next((kf for kf in self.known_failures if kf.matches(test_id)), None)
+
+
+def _fix_hint(loc: tuple, msg: str) -> str:
+    field = ".".join(str(p) for p in loc)
+    if msg.startswith("Extra inputs are not permitted"):
+        return f"remove '{field}' (not a descriptor field; see backends/privateuse1.yaml.template)"
+    if msg.startswith("Field required"):
+        return f"add '{field}'"
+    return "fix the value"
+
+
+def load_descriptor(path: Path) -> BackendDescriptor:
+    """load_descriptor(path) -> BackendDescriptor: parse and validate one YAML file.
+
+    Raises DescriptorError naming the file, each bad field and how to fix it.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise DescriptorError(f"{path}: cannot read descriptor: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise DescriptorError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise DescriptorError(f"{path}: a descriptor is a YAML mapping, got {type(data).__name__}")
+    try:
+        descriptor = BackendDescriptor.model_validate({**data, "source": str(path)})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "<root>"
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {field}: {msg} -> {_fix_hint(err['loc'], err['msg'])}")
+        raise DescriptorError(f"{path}: invalid backend descriptor:\n" + "\n".join(lines)) from None
+    if descriptor.name != path.stem:
+        raise DescriptorError(
+            f"{path}: name: {descriptor.name!r} does not match the file name -> "
+            f"rename the file to {descriptor.name}.yaml or set name: {path.stem}"
+        )
+    return descriptor
+
+
+def packaged_backends_dir() -> Path:
+    """The descriptors shipped with the package (a wheel) or with the source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_packaged_backends", here.parent / "backends"):
+        if candidate.is_dir():
+            return candidate
+    raise DescriptorError(f"no packaged backends directory next to {here}; reinstall the package")
+
+
+def descriptor_dirs(extra: str | os.PathLike | None = None) -> list[Path]:
+    """Directories to load, lowest precedence first: packaged, then $CONFORMANCE_BACKENDS_DIR or extra."""
+    dirs = [packaged_backends_dir()]
+    user = extra if extra is not None else os.environ.get(ENV_BACKENDS_DIR)
+    if user:
+        path = Path(user)
+        if not path.is_dir():
+            source = "--backends-dir" if extra is not None else ENV_BACKENDS_DIR
+            raise DescriptorError(f"{source}: {path} is not a directory -> point it at a folder of *.yaml")
+        dirs.append(path)
+    return dirs
+
+
+def load_descriptors(extra_dir: str | os.PathLike | None = None) -> dict[str, BackendDescriptor]:
+    """load_descriptors(extra_dir=None) -> {name: descriptor}.
+
+    Loads the packaged descriptors, then those of ``extra_dir`` (or ``$CONFORMANCE_BACKENDS_DIR``);
+    a user descriptor with the same name overrides the packaged one.
+    """
+    result: dict[str, BackendDescriptor] = {}
+    for directory in descriptor_dirs(extra_dir):
+        for path in sorted(directory.glob("*.yaml")):
+            descriptor = load_descriptor(path)
+            result[descriptor.name] = descriptor
+    return result

@@ -1,0 +1,295 @@
+"""pytest plugin (``pytest11`` entry point ``conformance``): options, markers, the ``ranks`` fixture,
+skip/xfail from descriptors, the session header and the JSON report.
+
+Glue only: the backend and its pools live in ``conformance.session``, processes in
+``conformance.ranks``. The plugin stays dormant (no torch import, no probing) until a session collects
+a conformance test: one that uses ``ranks``, carries ``requires``/``world_size``, or is a packaged suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conformance.descriptors import CAPABILITIES, DescriptorError
+from conformance.report import TestResult
+
+SESSION_KEY = pytest.StashKey["ConformanceSession | None"]()
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+
+
+# Help text: one sentence, lower case, naming the default.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "cross-backend conformance")
+    group.addoption("--backend", default="auto",
+                    help="backend descriptor to test: auto (detect, the default) or a descriptor name")
+    group.addoption("--world-size", type=_parse_world_size, default=None,
+                    help="ranks per pool and most ranks a test may use (default: the descriptor's)")
+    group.addoption("--backends-dir", default=None,
+                    help="extra descriptor directory overriding packaged ones (env CONFORMANCE_BACKENDS_DIR)")
+    group.addoption("--rank-timeout", type=_parse_timeout, default=300.0,
+                    help="seconds a ranks.run call may take before the pool is respawned (default 300)")
+    group.addoption("--conformance-report", default=None, metavar="PATH",
+                    help="write the JSON conformance report to PATH")
+
+
+def _parse_world_size(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise pytest.UsageError(f"--world-size: expected a positive integer, got {value!r}")
+    return number
+
+
+def _parse_timeout(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if number <= 0:
+        raise pytest.UsageError(f"--rank-timeout: expected a positive number of seconds, got {value!r}")
+    return number
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "requires(*capabilities): skip unless the backend has them "
+                            f"(one of: {', '.join(CAPABILITIES)})")
+    config.addinivalue_line("markers", "world_size(n): run this test on a pool of exactly n ranks")
+    config.stash[SESSION_KEY] = None
+    config.pluginmanager.register(ConformanceRun(config), "conformance-run")
+    # Inductor's first use of a fresh cache directory costs ~10 s of CPU probing: share one per run.
+    # xdist workers inherit it through the environment.
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        path = tempfile.mkdtemp(prefix="conformance-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+        config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _header_wanted(config: pytest.Config) -> bool:
+    """Show the header up front when the run is clearly a conformance run (the CLI always says so)."""
+    return config.getoption("backend") != "auto" or bool(config.getoption("conformance_report"))
+
+
+def suite_of(item: pytest.Item) -> str:
+    """``test_collectives.py`` -> ``collectives``."""
+    return Path(str(item.path)).stem.removeprefix("test_")
+
+
+def test_id_of(item: pytest.Item) -> str:
+    """What known-failure patterns match: ``<suite>::<test name with parameters>``."""
+    return f"{suite_of(item)}::{item.name}"
+
+
+def _is_conformance_item(item: pytest.Item) -> bool:
+    return ("ranks" in getattr(item, "fixturenames", ())
+            or item.get_closest_marker("requires") is not None
+            or item.get_closest_marker("world_size") is not None
+            or SUITES_DIR in Path(str(item.path)).parents)
+
+
+def _session(config: pytest.Config):
+    session = config.stash[SESSION_KEY]
+    if session is None:
+        from conformance.session import ConformanceSession, RunOptions
+
+        options = RunOptions(backend=config.getoption("backend"), world_size=config.getoption("world_size"),
+                             backends_dir=config.getoption("backends_dir"),
+                             rank_timeout=config.getoption("rank_timeout"))
+        try:
+            session = ConformanceSession.create(options)
+        except DescriptorError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[SESSION_KEY] = session
+    return session
+
+
+def required_capabilities(item: pytest.Item) -> list[str]:
+    needed: list[str] = []
+    for marker in item.iter_markers("requires"):
+        for name in marker.args:
+            if name not in CAPABILITIES:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @requires({name!r}): unknown capability; allowed: {', '.join(CAPABILITIES)}")
+            needed.append(name)
+    return needed
+
+
+def required_world_size(item: pytest.Item) -> int | None:
+    marker = item.get_closest_marker("world_size")
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1:
+        raise pytest.UsageError(f"{item.nodeid}: @world_size takes one positive int, got {marker.args!r}")
+    return marker.args[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    conformance_items = [item for item in items if _is_conformance_item(item)]
+    if not conformance_items:
+        return
+    session = _session(config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not _is_xdist_worker(config) and not _header_wanted(config):
+        for line in session.header_lines():
+            reporter.write_line(line)
+    for item in conformance_items:
+        _apply_descriptor(session, item)
+
+
+def _apply_descriptor(session, item: pytest.Item) -> None:
+    for capability in required_capabilities(item):
+        ok, why = session.capabilities.usable(capability)
+        if not ok:
+            item.add_marker(pytest.mark.skip(reason=f"requires {capability}: {why}"))
+            return
+    needed = required_world_size(item)
+    if needed is not None and needed > session.available_ranks:
+        item.add_marker(pytest.mark.skip(
+            reason=f"needs {needed} ranks; {session.descriptor.name} run has {session.available_ranks} "
+                   f"(raise --world-size to {needed}{' and provide the devices' if session.descriptor.device_type != 'cpu' else ''})"))
+        return
+    known = session.descriptor.known_failure_for(test_id_of(item))
+    if known is not None:
+        reason = f"known failure on {session.descriptor.name}: {known.reason} ({known.link})"
+        if known.mode == "skip":
+            item.add_marker(pytest.mark.skip(reason=reason))
+        else:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+
+
+class Ranks:
+    """What the ``ranks`` fixture gives a test: ``run(fn, *args, **kwargs)`` on every rank."""
+
+    def __init__(self, pool, session):
+        self._pool = pool
+        self.world_size: int = pool.world_size
+        self.device: str = session.descriptor.device_type
+        self.backend: str = session.descriptor.distributed_backend
+        self.descriptor = session.descriptor
+        self.capabilities = session.capabilities
+
+    def run(self, fn, *args, **kwargs) -> list:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; results in rank order."""
+        return self._pool.run(fn, *args, **kwargs)
+
+    def run_with_timeout(self, timeout: float, fn, *args, **kwargs) -> list:
+        return self._pool.run_with_timeout(timeout, fn, *args, **kwargs)
+
+    @property
+    def pool(self):
+        return self._pool
+
+
+@pytest.fixture
+def ranks(request: pytest.FixtureRequest) -> Ranks:
+    """A persistent pool of ranks of the session's backend; see ``conformance.ranks``."""
+    session = _session(request.config)
+    world_size = required_world_size(request.node) or session.world_size
+    return Ranks(session.pool(world_size), session)
+
+
+def _message(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail") and report.skipped:
+        text = report.wasxfail
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        text = report.longrepr[2].removeprefix("Skipped: ")
+    elif report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        text = crash.message if crash is not None else report.longreprtext
+    else:
+        return ""
+    return "\n".join(str(text).strip().splitlines()[:8])[:2000]
+
+
+def _outcome(report: pytest.TestReport) -> str | None:
+    if report.when == "call":
+        if hasattr(report, "wasxfail"):
+            return "xfailed" if report.skipped else "xpassed"
+        return report.outcome
+    if report.failed:
+        return "error"
+    if report.skipped:
+        return "xfailed" if hasattr(report, "wasxfail") else "skipped"
+    return None
+
+
+class ConformanceRun:
+    """Per-config hooks: records every test report and writes the JSON report at the end.
+
+    Under pytest-xdist the controller receives every worker's reports here, and each worker's pool
+    events through ``workeroutput``.
+    """
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.results: dict[str, TestResult] = {}
+        self.worker_events: list[str] = []
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        if not _header_wanted(config) or _is_xdist_worker(config):
+            return []
+        return _session(config).header_lines()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        outcome = _outcome(report)
+        if outcome is None:
+            return
+        suite = Path(report.location[0]).stem.removeprefix("test_")
+        result = TestResult(nodeid=report.nodeid, suite=suite, outcome=outcome,
+                            duration=max(report.duration, 0.0), message=_message(report))
+        previous = self.results.get(report.nodeid)
+        if previous is not None:
+            # Setup, call and teardown each report: durations add up, and an error in teardown
+            # overrides a pass.
+            keep = previous if result.outcome == "passed" else result
+            result = keep.model_copy(update={"duration": previous.duration + result.duration})
+        self.results[report.nodeid] = result
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        events = getattr(node, "workeroutput", {}).get("conformance_events", [])
+        worker = getattr(node, "gateway", None)
+        self.worker_events.extend(f"{getattr(worker, 'id', 'worker')}: {e}" for e in events)
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+        session = config.stash.get(SESSION_KEY, None)
+        events = (session.events if session else []) + self.worker_events
+        mismatches = session.capabilities.mismatches() if session else []
+        if events or mismatches:
+            terminalreporter.section("conformance")
+            for line in mismatches:
+                terminalreporter.write_line(f"declared/probed mismatch: {line}")
+            for event in events:
+                terminalreporter.write_line(event)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        config = self.config
+        state = config.stash.get(SESSION_KEY, None)
+        if state is not None:
+            state.close()
+            if _is_xdist_worker(config):
+                config.workeroutput["conformance_events"] = state.events
+        path = config.getoption("conformance_report")
+        if not path or _is_xdist_worker(config):
+            return
+        state = _session(config)
+        report = state.build_report(list(self.results.values()), extra_events=self.worker_events)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(report.model_dump_json(indent=2) + "\n")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        state = config.stash.get(SESSION_KEY, None)
+        if state is not None:
+            state.close()

@@ -1,0 +1,11 @@
+"""How a test reaches N ranks: a persistent pool of rank processes over the backend's process group.
+
+``pool`` is the controller, ``process`` spawns and watches rank processes, ``worker`` is what runs
+inside each rank, ``protocol`` names the messages between them, ``context`` is what a function
+running on a rank receives.
+"""
+
+from conformance.ranks.context import RankContext
+from conformance.ranks.pool import RankCrashed, RankError, RankPool, RankTimeout, RemoteError
+
+__all__ = ["RankContext", "RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]

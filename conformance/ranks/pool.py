@@ -1,0 +1,271 @@
+"""The controller of a persistent pool of N rank processes sharing one process group.
+
+``RankPool.run(fn, *args, **kwargs)`` runs a module-level function on every rank and returns the
+per-rank results in rank order. The pool starts lazily on the first call and stays up between calls
+(about 10 ms a call instead of seconds for spawn-per-test). One thread owns all state: the caller's.
+
+Failure is an event, not a catastrophe:
+
+* a function raises on some ranks -> ``RankError`` with every failing rank's remote traceback; the
+  process group is replaced by a fresh one (a group that has raised cannot be trusted); ranks that
+  do not answer within ``grace`` seconds of the first failure are presumed stuck in a collective and
+  the pool is respawned;
+* a call exceeds its timeout -> ``RankTimeout`` naming the ranks that did not answer; pool respawned;
+* a rank dies (segfault, ``os._exit``) -> ``RankCrashed`` naming the rank, the signal or exit code
+  and its last output; pool respawned.
+
+The next call then runs on a healthy pool. ``events`` records each of these for the run summary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Callable
+
+from conformance.ranks import protocol
+from conformance.ranks.process import RankProcess
+
+__all__ = ["RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    rank: int
+    exc_type: str
+    message: str
+    traceback: str
+
+
+class RankError(AssertionError):
+    """One or more ranks failed a call; ``errors`` holds each failing rank's remote exception."""
+
+    def __init__(self, summary: str, errors: list[RemoteError] = ()):
+        self.summary = summary
+        self.errors = list(errors)
+        parts = [summary]
+        for err in self.errors:
+            parts.append(f"--- rank {err.rank}: {err.exc_type}: {err.message}\n{err.traceback.rstrip()}")
+        super().__init__("\n".join(parts))
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [e.rank for e in self.errors]
+
+
+class RankTimeout(RankError):
+    """A call did not finish on every rank within its timeout."""
+
+
+class RankCrashed(RankError):
+    """A rank process died during a call or at start-up."""
+
+
+def _describe(fn: Callable) -> tuple[str, str, str | None]:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname or module == "__main__":
+        raise TypeError(
+            f"ranks.run needs a module-level function importable by the rank processes, got {fn!r}; "
+            "define it at the top level of a module"
+        )
+    path = getattr(__import__("sys").modules.get(module), "__file__", None)
+    return module, qualname, path
+
+
+class RankPool:
+    """A persistent pool of ``world_size`` ranks of one backend (see the module docstring)."""
+
+    def __init__(self, *, descriptor: str, device_type: str, backend: str, world_size: int,
+                 setup_modules: tuple[str, ...] = (), timeout: float = 300.0,
+                 startup_timeout: float = 180.0, grace: float = 5.0, workdir: str | None = None,
+                 env: dict[str, str] | None = None):
+        self.descriptor = descriptor
+        self.device_type = device_type
+        self.backend = backend
+        self.world_size = world_size
+        self.setup_modules = tuple(setup_modules)
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.grace = grace
+        self.env = dict(os.environ if env is None else env)
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"conformance-{descriptor}-{world_size}r-", dir=workdir)
+        self.workdir = Path(self._tmp.name)
+        self.shared_dir = self.workdir / "shared"
+        self.shared_dir.mkdir()
+        self.ranks: list[RankProcess] = []
+        self.store = None
+        self.generation = 0
+        self.spawns = 0
+        self.events: list[str] = []
+        self._call_ids = itertools.count(1)
+        self.closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return bool(self.ranks)
+
+    @property
+    def device(self) -> str:
+        return self.device_type
+
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.ranks]
+
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        if self.closed:
+            raise RuntimeError("this RankPool is closed")
+        if self.started:
+            return
+        # The controller hosts the rendezvous store on an OS-chosen port: pools in different pytest
+        # (xdist) workers can never collide.
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.generation += 1
+        self.spawns += 1
+        config = {
+            "world_size": self.world_size, "store_host": "127.0.0.1", "store_port": self.store.port,
+            "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
+            "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
+            "generation": self.generation, "timeout": self.timeout,
+        }
+        env = dict(self.env)
+        if self.device_type == "cpu" and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.world_size))
+        self.ranks = [
+            RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env)
+            for rank in range(self.world_size)
+        ]
+        replies = self._collect({protocol.READY}, self.startup_timeout, what="start-up")
+        failed = [r for r in replies.values() if r[0] != protocol.READY]
+        if failed:
+            errors = [self._as_remote_error(rank, reply) for rank, reply in replies.items()
+                      if reply[0] != protocol.READY]
+            self._teardown(f"start-up failed on rank(s) {', '.join(str(e.rank) for e in errors)}")
+            raise RankCrashed(f"{self._label()}: the pool could not start", errors)
+
+    def close(self) -> None:
+        """Shut every rank down (killing stragglers) and remove the pool's directory."""
+        if self.closed:
+            return
+        for rank in self.ranks:
+            rank.stop()
+        self.ranks = []
+        self.store = None
+        self.closed = True
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _teardown(self, reason: str) -> None:
+        self.events.append(f"pool respawned: {reason}")
+        for rank in self.ranks:
+            rank.kill()
+        self.ranks = []
+        self.store = None
+
+    def _label(self) -> str:
+        return f"{self.descriptor} pool ({self.world_size} ranks, {self.backend})"
+
+    # -- calls -------------------------------------------------------------------------------------
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+        """run(fn, *args, **kwargs) -> [result of rank 0, ..., result of rank N-1].
+
+        ``fn(ctx, *args, **kwargs)`` runs on every rank, ``ctx`` being its ``RankContext``. Tensors in
+        results come back on CPU. Raises ``RankError`` (or ``RankTimeout``/``RankCrashed``).
+        """
+        return self.run_with_timeout(self.timeout, fn, *args, **kwargs)
+
+    def run_with_timeout(self, timeout: float, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+        module, qualname, path = _describe(fn)
+        self.start()
+        call_id = next(self._call_ids)
+        for rank in self.ranks:
+            protocol.send(rank.conn, protocol.CALL, call_id=call_id, module=module, qualname=qualname,
+                          path=path, args=args, kwargs=kwargs)
+        replies = self._collect({protocol.RESULT, protocol.ERROR}, timeout, what=qualname, grace=self.grace)
+        return self._outcome(qualname, timeout, replies)
+
+    def _outcome(self, what: str, timeout: float, replies: dict[int, tuple]) -> list[Any]:
+        gone = [r for r, reply in replies.items() if reply[0] is protocol.RANK_GONE]
+        errors = [self._as_remote_error(r, reply) for r, reply in sorted(replies.items())
+                  if reply[0] in (protocol.ERROR, protocol.RANK_GONE)]
+        missing = [r.rank for r in self.ranks if r.rank not in replies]
+        if gone:
+            self._teardown(f"rank {gone[0]} died during {what}")
+            raise RankCrashed(f"{self._label()}: rank {', '.join(map(str, gone))} died during {what}", errors)
+        if missing and not errors:
+            self._teardown(f"{what} timed out after {timeout:g} s")
+            raise RankTimeout(
+                f"{self._label()}: {what} timed out after {timeout:g} s; no answer from rank "
+                f"{', '.join(map(str, missing))} (hung, or waiting in a collective for a peer)", errors)
+        if errors:
+            failing = ", ".join(str(e.rank) for e in errors)
+            if missing:
+                self._teardown(f"rank {failing} raised and rank {missing} did not finish")
+                raise RankError(
+                    f"{self._label()}: {what} raised on rank {failing}; rank "
+                    f"{', '.join(map(str, missing))} did not finish within {self.grace:g} s after that "
+                    "(likely blocked in a collective); the pool was respawned", errors)
+            self._reset_group(what)
+            raise RankError(f"{self._label()}: {what} raised on rank {failing}", errors)
+        return [replies[r][1]["value"] for r in range(self.world_size)]
+
+    def _reset_group(self, what: str) -> None:
+        """Give every rank a fresh process group; respawn the pool if that fails."""
+        self.generation += 1
+        for rank in self.ranks:
+            protocol.send(rank.conn, protocol.RESET_GROUP, generation=self.generation)
+        replies = self._collect({protocol.GROUP_READY, protocol.ERROR}, 60.0, what="group reset")
+        if len(replies) == self.world_size and all(r[0] == protocol.GROUP_READY for r in replies.values()):
+            self.events.append(f"process group replaced after {what} raised")
+        else:
+            self._teardown(f"process group reset failed after {what} raised")
+
+    def _as_remote_error(self, rank: int, reply: tuple) -> RemoteError:
+        name, body = reply
+        if name is protocol.RANK_GONE:
+            proc = self.ranks[rank]
+            return RemoteError(rank, "RankGone", proc.exit_description(),
+                               f"last output of rank {rank}:\n{proc.output_tail()}")
+        if name == protocol.INIT_FAILED:
+            return RemoteError(rank, "InitFailed", "rank failed to start", body["traceback"])
+        return RemoteError(rank, body["exc_type"], body["message"], body["traceback"])
+
+    def _collect(self, wanted: set[str], timeout: float, *, what: str, grace: float | None = None
+                 ) -> dict[int, tuple]:
+        """Wait for one reply per rank; stop early ``grace`` s after the first error or death."""
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout
+        by_conn = {r.conn: r for r in self.ranks}
+        while len(replies) < len(self.ranks):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            pending = [c for c, r in by_conn.items() if r.rank not in replies]
+            for conn in wait(pending, timeout=remaining):
+                rank = by_conn[conn]
+                try:
+                    name, body = protocol.recv(conn)
+                except (EOFError, OSError):
+                    rank.popen.wait(timeout=10)
+                    replies[rank.rank] = (protocol.RANK_GONE, {})
+                    continue
+                if name == protocol.INIT_FAILED or name in wanted:
+                    replies[rank.rank] = (name, body)
+            failed = any(r[0] in (protocol.ERROR, protocol.RANK_GONE, protocol.INIT_FAILED)
+                         for r in replies.values())
+            if failed and grace is not None:
+                deadline = min(deadline, time.monotonic() + grace)
+                grace = None
+        return replies

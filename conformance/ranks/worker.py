@@ -1,0 +1,169 @@
+"""The code that runs inside one rank process (``python -m conformance.ranks.worker CONFIG``).
+
+Started by ``conformance.ranks.process``; imports neither pytest nor the plugin. It imports the
+descriptor's setup modules, joins the process group through the controller's TCPStore, then serves
+``call`` messages until ``shutdown`` or until its socket closes. Results are moved to CPU before they
+are sent, so the controller never has to touch an accelerator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+from conformance.ranks import protocol
+from conformance.ranks.context import RankContext
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when the controller dies, so no rank outlives its session."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _resolve(module: str, qualname: str, path: str | None):
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError:
+        mod = sys.modules.get(module)
+        if mod is None:
+            if not path:
+                raise
+            # Test modules imported by pytest's rootdir logic are not on our sys.path: load by file.
+            spec = importlib.util.spec_from_file_location(module, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[module] = mod
+            spec.loader.exec_module(mod)
+    obj: Any = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _to_cpu(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value.detach()
+    if isinstance(value, (list, tuple)):
+        converted = [_to_cpu(v) for v in value]
+        return type(value)(converted) if not hasattr(value, "_fields") else type(value)(*converted)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+class Rank:
+    def __init__(self, conn: Connection, config: dict):
+        self.conn = conn
+        self.config = config
+        self.store = None
+        self.ctx: RankContext | None = None
+
+    def send(self, name: str, **kwargs: Any) -> None:
+        protocol.send(self.conn, name, **kwargs)
+
+    def start(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        cfg = self.config
+        for module in cfg["setup_modules"]:
+            importlib.import_module(module)
+        if cfg["device_type"] == "cpu":
+            device = torch.device("cpu")
+        else:
+            count = torch.accelerator.device_count()
+            device = torch.device(cfg["device_type"], cfg["rank"] % max(count, 1))
+            torch.accelerator.set_device_index(device.index)
+        self.store = dist.TCPStore(cfg["store_host"], cfg["store_port"], is_master=False,
+                                   timeout=timedelta(seconds=cfg["timeout"]))
+        self.ctx = RankContext(rank=cfg["rank"], world_size=cfg["world_size"], device=device,
+                               backend=cfg["backend"], descriptor=cfg["descriptor"],
+                               shared_dir=cfg["shared_dir"])
+        self.init_group(cfg["generation"])
+
+    def init_group(self, generation: int) -> None:
+        import torch.distributed as dist
+
+        cfg, ctx = self.config, self.ctx
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        kwargs = {}
+        if ctx.device.type != "cpu":
+            kwargs["device_id"] = ctx.device
+        dist.init_process_group(
+            backend=cfg["backend"], store=dist.PrefixStore(f"group/{generation}", self.store),
+            rank=ctx.rank, world_size=ctx.world_size,
+            timeout=timedelta(seconds=cfg["timeout"]), **kwargs,
+        )
+        ctx.group = dist.group.WORLD
+
+    def on_call(self, call_id: int, module: str, qualname: str, path: str | None,
+                args: tuple, kwargs: dict) -> None:
+        try:
+            fn = _resolve(module, qualname, path)
+            value = _to_cpu(fn(self.ctx, *args, **kwargs))
+            self.send(protocol.RESULT, call_id=call_id, value=value)
+        except BaseException as exc:  # report everything, including SystemExit from the function
+            self.send(protocol.ERROR, call_id=call_id, exc_type=type(exc).__qualname__,
+                      message=str(exc), traceback=traceback.format_exc())
+
+    def on_reset_group(self, generation: int) -> None:
+        try:
+            self.init_group(generation)
+            self.send(protocol.GROUP_READY, generation=generation)
+        except BaseException:
+            self.send(protocol.ERROR, call_id=-1, exc_type="ResetFailed", message="process group reset failed",
+                      traceback=traceback.format_exc())
+
+    def serve(self) -> None:
+        while True:
+            try:
+                name, kwargs = protocol.recv(self.conn)
+            except (EOFError, OSError):
+                return
+            if name == protocol.SHUTDOWN:
+                return
+            handler = getattr(self, f"on_{name}", None)
+            if handler is None:
+                raise RuntimeError(f"rank {self.config['rank']}: unknown message {name!r}")
+            handler(**kwargs)
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    config = json.loads(argv[0])
+    conn = Connection(config["fd"])
+    rank = Rank(conn, config)
+    try:
+        rank.start()
+    except BaseException:
+        protocol.send(conn, protocol.INIT_FAILED, rank=config["rank"], traceback=traceback.format_exc())
+        return 1
+    rank.send(protocol.READY, rank=config["rank"], pid=os.getpid(), device=str(rank.ctx.device))
+    rank.serve()
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

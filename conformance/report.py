@@ -1,0 +1,162 @@
+"""The JSON report: the versioned contract between a conformance run and the relay.
+
+Written by the plugin at the end of a session (``--conformance-report PATH``); read by the CLI for its
+summary table and by the relay when a downstream run calls back. The models below generate the JSON
+Schema published at ``schemas/report.schema.json``; a test keeps the two identical. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "OUTCOMES",
+    "SCHEMA_VERSION",
+    "BackendInfo",
+    "CapabilityStatus",
+    "ConformanceReport",
+    "HostInfo",
+    "ReportValidationError",
+    "Summary",
+    "TestResult",
+    "TorchInfo",
+    "load_report",
+    "report_schema",
+    "schema_path",
+    "summarize",
+    "validate_report",
+]
+
+SCHEMA_VERSION = "1.0"
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error")
+Outcome = Literal["passed", "failed", "skipped", "xfailed", "xpassed", "error"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CapabilityStatus(_Model):
+    declared: bool
+    probed: bool
+    reason: str = Field(default="", description="why the probe failed, verbatim")
+
+
+class BackendInfo(_Model):
+    name: str
+    device_type: str
+    distributed_backend: str
+    world_size: int = Field(ge=1)
+    capabilities: dict[str, CapabilityStatus]
+
+
+class TorchInfo(_Model):
+    version: str
+    git_version: str = Field(description="the git revision torch was built from")
+
+
+class HostInfo(_Model):
+    python: str
+    platform: str
+    cpu: str
+    gpu: str | None = None
+    driver: str | None = None
+
+
+class Summary(_Model):
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+    xpassed: int = 0
+    errors: int = 0
+    total: int = 0
+
+
+class TestResult(_Model):
+    nodeid: str
+    suite: str
+    outcome: Outcome
+    duration: float = Field(ge=0, description="seconds, setup + call + teardown")
+    message: str = Field(default="", description="first lines of the failure, skip or xfail reason")
+
+
+class ConformanceReport(_Model):
+    """A whole conformance run."""
+
+    model_config = ConfigDict(extra="forbid", title="Conformance report")
+
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    backend: BackendInfo
+    torch: TorchInfo
+    host: HostInfo
+    started_at: datetime
+    finished_at: datetime
+    summary: Summary
+    tests: list[TestResult]
+    events: list[str] = Field(default_factory=list, description="pool respawns and other run events")
+
+    def suites(self) -> dict[str, Summary]:
+        """Per-suite counts, suites in first-seen order."""
+        by_suite: dict[str, list[TestResult]] = {}
+        for test in self.tests:
+            by_suite.setdefault(test.suite, []).append(test)
+        return {suite: summarize(tests) for suite, tests in by_suite.items()}
+
+
+def summarize(tests: list[TestResult]) -> Summary:
+    counts = {outcome: 0 for outcome in OUTCOMES}
+    for test in tests:
+        counts[test.outcome] += 1
+    return Summary(passed=counts["passed"], failed=counts["failed"], skipped=counts["skipped"],
+                   xfailed=counts["xfailed"], xpassed=counts["xpassed"], errors=counts["error"],
+                   total=len(tests))
+
+
+def report_schema() -> dict:
+    """The JSON Schema generated from the models (what ``schemas/report.schema.json`` must hold)."""
+    schema = ConformanceReport.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://pytorch-conformance/report/{SCHEMA_VERSION}"
+    return schema
+
+
+def schema_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_packaged_schemas", here.parent / "schemas"):
+        if (candidate / "report.schema.json").is_file():
+            return candidate / "report.schema.json"
+    raise FileNotFoundError(f"report.schema.json not found next to {here}; reinstall the package")
+
+
+@lru_cache(maxsize=1)
+def _published_schema() -> dict:
+    return json.loads(schema_path().read_text())
+
+
+class ReportValidationError(ValueError):
+    """A report does not follow the published schema; the message names the first problem's path."""
+
+
+def validate_report(data: dict) -> ConformanceReport:
+    """validate_report(data) -> ConformanceReport, checked against the published JSON Schema."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(_published_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = "/".join(str(p) for p in first.absolute_path) or "<root>"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ReportValidationError(f"report invalid at {where}: {first.message}{more}")
+    return ConformanceReport.model_validate(data)
+
+
+def load_report(path: str | Path) -> ConformanceReport:
+    return validate_report(json.loads(Path(path).read_text()))

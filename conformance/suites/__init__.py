@@ -1,0 +1,1 @@
+"""The conformance suites, one module per area (``test_<suite>.py``; the suite name drops ``test_``)."""

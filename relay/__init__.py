@@ -1,0 +1,1 @@
+"""CI relay: upstream GitHub webhooks in, downstream dispatches out, results back."""
