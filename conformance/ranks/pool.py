@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def _describe(fn: Callable) -> tuple[str, str, str | None]:
             f"ranks.run needs a module-level function importable by the rank processes, got {fn!r}; "
             "define it at the top level of a module"
         )
-    path = getattr(__import__("sys").modules.get(module), "__file__", None)
+    path = getattr(sys.modules.get(module), "__file__", None)
     return module, qualname, path
 
 
@@ -136,6 +137,11 @@ class RankPool:
             "generation": self.generation, "timeout": self.timeout,
         }
         env = dict(self.env)
+        # Ranks import test functions by module name: give them the controller's import path, as
+        # multiprocessing's spawn does (pytest has inserted test roots into sys.path by now).
+        search_path = [p for p in sys.path if p and os.path.isdir(p)]
+        inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search_path + inherited))
         if self.device_type == "cpu" and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.world_size))
         self.ranks = [
@@ -212,7 +218,7 @@ class RankPool:
         if errors:
             failing = ", ".join(str(e.rank) for e in errors)
             if missing:
-                self._teardown(f"rank {failing} raised and rank {missing} did not finish")
+                self._teardown(f"rank {failing} raised and rank {', '.join(map(str, missing))} did not finish")
                 raise RankError(
                     f"{self._label()}: {what} raised on rank {failing}; rank "
                     f"{', '.join(map(str, missing))} did not finish within {self.grace:g} s after that "

@@ -1,0 +1,65 @@
+"""Module-level functions the harness tests run on ranks (rank processes import them by name)."""
+
+import ctypes
+import os
+import signal
+import time
+
+
+def rank_and_sum(ctx, offset):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([ctx.rank + offset])
+    dist.all_reduce(t)
+    return ctx.rank, ctx.world_size, str(ctx.device), ctx.backend, int(t.item()), os.getpid()
+
+
+def raise_on_ranks(ctx, failing):
+    if ctx.rank in failing:
+        raise ValueError(f"deliberate failure on rank {ctx.rank}")
+    return ctx.rank
+
+
+def raise_before_collective(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 0:
+        raise RuntimeError("rank 0 gave up before the all_reduce")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # blocks: rank 0 never joins
+    return t
+
+
+def exit_hard(ctx, rank, code):
+    if ctx.rank == rank:
+        os._exit(code)
+    time.sleep(60)
+
+
+def segfault(ctx, rank):
+    if ctx.rank == rank:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(60)
+
+
+def sleep_forever(ctx):
+    time.sleep(3600)
+
+
+def print_then_crash(ctx):
+    if ctx.rank == 1:
+        print("last words of rank 1", flush=True)
+        ctypes.string_at(0)  # a real segfault, not a signal sent by hand
+    time.sleep(60)
+
+
+def shared_dir_roundtrip(ctx):
+    from pathlib import Path
+
+    Path(ctx.shared_dir, f"r{ctx.rank}").write_text(str(ctx.rank))
+    import torch.distributed as dist
+
+    dist.barrier()
+    return sorted(p.name for p in Path(ctx.shared_dir).iterdir())

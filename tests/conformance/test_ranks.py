@@ -1,0 +1,182 @@
+"""The persistent rank pool: results, remote errors, and recovery from hangs, crashes and broken groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conformance.ranks import RankCrashed, RankError, RankPool, RankTimeout
+from tests.conformance import rank_functions as fns
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids, seconds=15.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2,
+                  timeout=30, grace=1.0) as p:
+        yield p
+
+
+def test_results_come_back_in_rank_order(pool):
+    results = pool.run(fns.rank_and_sum, 10)
+    assert [r[:5] for r in results] == [(0, 2, "cpu", "gloo", 21), (1, 2, "cpu", "gloo", 21)]
+    assert len({r[5] for r in results}) == 2  # two distinct processes
+
+
+def test_pool_is_persistent_between_calls(pool):
+    first = [r[5] for r in pool.run(fns.rank_and_sum, 0)]
+    second = [r[5] for r in pool.run(fns.rank_and_sum, 0)]
+    assert first == second == pool.pids()
+
+
+def test_shared_dir_is_shared(pool):
+    assert pool.run(fns.shared_dir_roundtrip) == [["r0", "r1"], ["r0", "r1"]]
+
+
+def test_remote_exception_carries_every_failing_rank_traceback(pool):
+    pids = pool.pids()
+    with pytest.raises(RankError) as info:
+        pool.run(fns.raise_on_ranks, [0, 1])
+    err = info.value
+    assert type(err) is RankError
+    assert err.failed_ranks == [0, 1]
+    assert [e.exc_type for e in err.errors] == ["ValueError", "ValueError"]
+    text = str(err)
+    assert "raise_on_ranks raised on rank 0, 1" in text
+    assert "deliberate failure on rank 0" in text and "deliberate failure on rank 1" in text
+    assert 'rank_functions.py", line' in text  # the remote traceback, not just the message
+    # Same processes, fresh process group, next call works.
+    assert pool.pids() == pids
+    assert pool.events[-1] == "process group replaced after raise_on_ranks raised"
+    assert pool.run(fns.rank_and_sum, 1)[0][4] == 3
+
+
+def test_error_while_peer_waits_in_collective_respawns(pool):
+    old = pool.pids()
+    with pytest.raises(RankError) as info:
+        pool.run(fns.raise_before_collective)
+    assert info.value.failed_ranks == [0]
+    assert "rank 1 did not finish within 1 s after that (likely blocked in a collective)" in str(info.value)
+    assert _wait_gone(old) == []
+    assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
+    assert set(pool.pids()).isdisjoint(old)
+
+
+def test_hang_times_out_names_ranks_and_recovers(pool):
+    old = pool.pids()
+    started = time.monotonic()
+    with pytest.raises(RankTimeout) as info:
+        pool.run_with_timeout(2, fns.sleep_forever)
+    assert time.monotonic() - started < 10
+    assert "sleep_forever timed out after 2 s; no answer from rank 0, 1" in str(info.value)
+    assert _wait_gone(old) == []
+    assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
+
+
+@pytest.mark.parametrize("how, expected", [
+    ("exit", "exited with code 7"),
+    ("segfault", "killed by SIGSEGV (exit code -11)"),
+])
+def test_crashed_rank_is_named_and_pool_recovers(pool, how, expected):
+    old = pool.pids()
+    with pytest.raises(RankCrashed) as info:
+        if how == "exit":
+            pool.run(fns.exit_hard, 1, 7)
+        else:
+            pool.run(fns.segfault, 1)
+    assert info.value.failed_ranks == [1]
+    assert f"rank 1 died during {'exit_hard' if how == 'exit' else 'segfault'}" in str(info.value)
+    assert expected in str(info.value)
+    assert _wait_gone(old) == []
+    assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
+
+
+def test_crash_report_includes_the_rank_output(pool):
+    with pytest.raises(RankCrashed) as info:
+        pool.run(fns.print_then_crash)
+    assert "last words of rank 1" in str(info.value)
+    assert "SIGSEGV" in str(info.value)
+    assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
+
+
+def test_only_module_level_functions(pool):
+    def local(ctx):
+        return 1
+
+    with pytest.raises(TypeError, match="needs a module-level function"):
+        pool.run(local)
+
+
+def test_start_failure_is_reported_with_the_traceback():
+    with RankPool(descriptor="broken", device_type="cpu", backend="gloo", world_size=2,
+                  setup_modules=("no_such_module_for_conformance",), startup_timeout=60) as pool:
+        with pytest.raises(RankCrashed) as info:
+            pool.run(fns.rank_and_sum, 0)
+    assert "the pool could not start" in str(info.value)
+    assert "No module named 'no_such_module_for_conformance'" in str(info.value)
+
+
+def test_close_leaves_no_processes():
+    pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2)
+    pool.run(fns.rank_and_sum, 0)
+    pids = pool.pids()
+    pool.close()
+    assert _wait_gone(pids) == []
+    assert not pool.workdir.exists()
+
+
+def test_ranks_die_with_a_killed_controller(tmp_path):
+    """kill -9 of the controller (no cleanup code runs) still takes its ranks down."""
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        sys.path.insert(0, {os.getcwd()!r})
+        from conformance.ranks import RankPool
+        from tests.conformance import rank_functions as fns
+        pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2)
+        pool.run(fns.rank_and_sum, 0)
+        print(json.dumps(pool.pids()), flush=True)
+        time.sleep(600)
+    """)
+    controller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(controller.stdout.readline())
+        assert all(_alive(p) for p in pids)
+    finally:
+        controller.send_signal(signal.SIGKILL)
+        controller.wait()
+    assert _wait_gone(pids) == []
+
+
+def test_custom_registered_backend_runs(tmp_path):
+    """An out-of-tree distributed backend registered by a setup module is used by every rank."""
+    with RankPool(descriptor="oot", device_type="cpu", backend="conformance_loopback",
+                  world_size=2, setup_modules=("tests.conformance.oot_backend",)) as pool:
+        results = pool.run(fns.rank_and_sum, 5)
+    assert [r[3] for r in results] == ["conformance_loopback"] * 2
+    assert [r[4] for r in results] == [11, 11]

@@ -1,0 +1,3 @@
+"""Shared fixtures of the project's own tests."""
+
+pytest_plugins = ["pytester"]
