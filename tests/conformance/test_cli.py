@@ -1,0 +1,78 @@
+"""The ``conformance`` command, run as a user would: installed entry point, from a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conformance.descriptors import packaged_backends_dir
+from conformance.report import validate_report
+
+
+def conformance(*args, cwd):
+    exe = shutil.which("conformance") or [sys.executable, "-m", "conformance.cli"]
+    cmd = ([exe] if isinstance(exe, str) else exe) + list(args)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_run_end_to_end_from_a_temporary_directory(tmp_path):
+    result = conformance("run", "--suite", "collectives", "--report", "out/report.json", "--junit", "junit.xml",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = validate_report(json.loads((tmp_path / "out/report.json").read_text()))
+    assert report.backend.name == "cpu" and report.summary.failed == 0
+    assert report.summary.xfailed >= 1  # gloo's PREMUL_SUM, visible as a known failure
+    table = result.stdout[result.stdout.index("conformance on cpu"):]
+    counts = report.suites()["collectives"]
+    assert f"collectives  {counts.passed:>6}       0       0" in table
+    assert "total" in table
+    assert (tmp_path / "junit.xml").read_text().startswith("<?xml")
+    assert not (tmp_path / ".pytest_cache").exists()
+
+
+def test_run_exits_non_zero_when_a_known_failure_is_not_declared(tmp_path):
+    data = yaml.safe_load((packaged_backends_dir() / "cpu.yaml").read_text())
+    data["known_failures"] = []
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    result = conformance("run", "--suite", "collectives", "--backends-dir", str(tmp_path), "--report", "r.json",
+                         "--", "-k", "PREMUL_SUM and float32", cwd=tmp_path)
+    assert result.returncode == 1
+    report = validate_report(json.loads((tmp_path / "r.json").read_text()))
+    assert report.summary.failed == 1
+    assert "Cannot use ReduceOp.PREMUL_SUM with Gloo" in report.tests[0].message
+
+
+def test_unknown_suite_is_refused(tmp_path):
+    result = conformance("run", "--suite", "nope", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "unknown suite 'nope'; available: collectives" in result.stderr
+
+
+def test_backends_shows_detection_and_declared_vs_probed(tmp_path):
+    result = conformance("backends", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "<- detected here" in [l for l in result.stdout.splitlines() if l.startswith("cpu ")][0]
+    assert "symmetric_memory  declared no   probed no   (SymmetricMemory does not support device type cpu)" \
+        in result.stdout
+
+
+def test_backends_reports_an_invalid_user_descriptor(tmp_path):
+    (tmp_path / "bad.yaml").write_text("name: bad\n")
+    result = conformance("backends", "--backends-dir", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"{tmp_path / 'bad.yaml'}: invalid backend descriptor" in result.stderr
+    assert "device_type: Field required -> add 'device_type'" in result.stderr
+
+
+def test_list_shows_capabilities_and_fate(tmp_path):
+    result = conformance("list", "--suite", "collectives", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "collectives::test_barrier  requires: collectives" in lines
+    premul = [l for l in lines if l.startswith("collectives::test_all_reduce[PREMUL_SUM-float32]")][0]
+    assert "[xfail: known failure on cpu: gloo has no PREMUL_SUM reduction" in premul

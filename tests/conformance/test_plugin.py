@@ -1,0 +1,210 @@
+"""Acceptance tests of the pytest plugin: real pytest runs (pytester) with real rank pools."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import yaml
+
+from conformance.descriptors import CAPABILITIES
+from conformance.report import validate_report
+
+SUITE = '''
+import pytest
+from conformance import requires, world_size
+
+def on_rank(ctx, value):
+    import torch, torch.distributed as dist
+    t = torch.tensor([value + ctx.rank])
+    dist.all_reduce(t)
+    return int(t.item())
+
+def test_sum(ranks):
+    assert ranks.run(on_rank, 1) == [3, 3]
+    assert (ranks.world_size, ranks.device, ranks.backend) == (2, "cpu", "gloo")
+
+@requires("symmetric_memory")
+def test_needs_symm(ranks):
+    raise AssertionError("must not run on cpu")
+
+@world_size(4)
+def test_four(ranks):
+    raise AssertionError("must not run with 2 ranks")
+
+def test_known_bug(ranks):
+    assert ranks.run(on_rank, 1) == [0, 0]
+
+def test_fixed_bug(ranks):
+    assert ranks.run(on_rank, 1) == [3, 3]
+
+def test_hang_skipped(ranks):
+    raise AssertionError("skip mode must not run it")
+
+def test_fails(ranks):
+    assert ranks.run(on_rank, 1) == [4, 4], "wrong on purpose"
+'''
+
+
+def cpu_descriptor(**changes):
+    data = {
+        "name": "cpu", "device_type": "cpu", "detect": {"accelerator": "none"},
+        "distributed_backend": "gloo", "world_size": 2,
+        "capabilities": {c: c not in ("symmetric_memory", "put_signal") for c in CAPABILITIES},
+        "known_failures": [
+            {"match": "demo::test_known_bug", "reason": "sums are wrong here", "link": "https://example.org/1"},
+            {"match": "demo::test_fixed_bug", "reason": "was wrong once", "link": "https://example.org/2"},
+            {"match": "demo::test_hang*", "reason": "hangs the group", "link": "https://example.org/3",
+             "mode": "skip"},
+        ],
+    }
+    data.update(changes)
+    return data
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(test_demo=SUITE)
+    backends = pytester.mkdir("mybackends")
+    (backends / "cpu.yaml").write_text(yaml.safe_dump(cpu_descriptor()))
+    return backends
+
+
+def outcomes(report):
+    return {t["nodeid"].split("::")[-1]: t for t in report["tests"]}
+
+
+def test_skip_xfail_and_report(pytester, suite):
+    result = pytester.runpytest_subprocess("--backends-dir", str(suite), "--conformance-report", "report.json",
+                                           "-rsxX", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=2, skipped=3, xfailed=1)
+    out = result.stdout.str()
+    # header
+    assert "conformance: backend cpu" in out and "distributed backend gloo" in out and "world size 2" in out
+    assert "symmetric_memory=no" in out and "collectives=yes" in out
+    # skip reasons name what is missing and why
+    assert "requires symmetric_memory: cpu declares symmetric_memory: false" in out
+    assert "needs 4 ranks; cpu run has 2 (raise --world-size to 4)" in out
+    assert "known failure on cpu: hangs the group (https://example.org/3)" in out
+    # a strict xfail that passes is a failure
+    assert "[XPASS(strict)] known failure on cpu: was wrong once" in out
+
+    report = json.loads((pytester.path / "report.json").read_text())
+    validate_report(report)
+    tests = outcomes(report)
+    assert tests["test_sum"]["outcome"] == "passed"
+    assert tests["test_known_bug"]["outcome"] == "xfailed"
+    assert tests["test_known_bug"]["message"] == "known failure on cpu: sums are wrong here (https://example.org/1)"
+    assert tests["test_fixed_bug"]["outcome"] == "failed"
+    assert tests["test_fails"]["outcome"] == "failed"
+    assert "wrong on purpose" in tests["test_fails"]["message"]
+    assert tests["test_four"]["outcome"] == "skipped"
+    assert {t["suite"] for t in tests.values()} == {"demo"}
+    assert report["summary"] == {"passed": 1, "failed": 2, "skipped": 3, "xfailed": 1, "xpassed": 0,
+                                 "errors": 0, "total": 7}
+    assert report["backend"]["capabilities"]["symmetric_memory"] == {
+        "declared": False, "probed": False, "reason": "SymmetricMemory does not support device type cpu"}
+
+
+def test_world_size_four_runs_when_asked(pytester):
+    pytester.makepyfile(test_four='''
+        from conformance import world_size
+        def who(ctx):
+            return ctx.world_size
+        @world_size(4)
+        def test_four(ranks):
+            assert ranks.run(who) == [4, 4, 4, 4]
+        def test_default(ranks):
+            assert ranks.run(who) == [4, 4, 4, 4]
+    ''')
+    pytester.runpytest_subprocess("--world-size", "4", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_mismatch_is_announced_and_tests_skip_with_the_probe_reason(pytester):
+    pytester.makepyfile(test_symm='''
+        from conformance import requires
+        @requires("symmetric_memory")
+        def test_symm(ranks):
+            pass
+    ''')
+    backends = pytester.mkdir("b")
+    caps = {c: True for c in CAPABILITIES}
+    (backends / "cpu.yaml").write_text(yaml.safe_dump(cpu_descriptor(capabilities=caps, known_failures=[])))
+    result = pytester.runpytest_subprocess("--backends-dir", str(backends), "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    out = result.stdout.str()
+    assert "DECLARED/PROBED MISMATCH in cpu.yaml: symmetric_memory: declared true but the probe fails: " \
+           "SymmetricMemory does not support device type cpu" in out
+    assert "requires symmetric_memory: symmetric_memory unavailable on cpu: SymmetricMemory does not support " \
+           "device type cpu" in out
+
+
+def test_unknown_capability_in_marker_is_a_usage_error(pytester):
+    pytester.makepyfile(test_bad='''
+        from conformance import requires
+        @requires("warp_drive")
+        def test_x(ranks):
+            pass
+    ''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "@requires('warp_drive'): unknown capability; allowed: collectives" in result.stderr.str()
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--world-size", "0", "--world-size: expected a positive integer, got '0'"),
+    ("--rank-timeout", "soon", "--rank-timeout: expected a positive number of seconds, got 'soon'"),
+    ("--backend", "tpu", "unknown backend 'tpu'; known: cpu, cuda, rocm, xpu or auto"),
+])
+def test_bad_options_fail_at_the_command_line(pytester, flag, value, expected):
+    pytester.makepyfile(test_x="def test_x(ranks):\n    pass\n")
+    result = pytester.runpytest_subprocess(flag, value, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert expected in result.stderr.str()
+
+
+def test_unrelated_tests_do_not_wake_the_plugin(pytester):
+    pytester.makepyfile(test_plain='''
+        import sys
+        def test_no_torch():
+            assert "torch" not in sys.modules
+    ''')
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_a_crash_fails_one_test_and_the_next_runs(pytester):
+    pytester.makepyfile(test_crash='''
+        import os
+        def die(ctx):
+            if ctx.rank == 1:
+                os._exit(9)
+            import time; time.sleep(30)
+        def ok(ctx):
+            return ctx.rank
+        def test_a_crash(ranks):
+            ranks.run(die)
+        def test_b_after(ranks):
+            assert ranks.run(ok) == [0, 1]
+    ''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "rank 1 died during die" in out and "exited with code 9" in out
+    assert "pool respawned: rank 1 died during die" in out  # the run summary says what happened
+
+
+def test_xdist_workers_have_their_own_pools_and_one_report(pytester):
+    body = '''
+        import os
+        def pid(ctx):
+            return os.getpid()
+        def test_{n}(ranks):
+            assert len(set(ranks.run(pid))) == 2
+    '''
+    for n in range(4):
+        pytester.makepyfile(**{f"test_x{n}": textwrap.dedent(body.format(n=n))})
+    result = pytester.runpytest_subprocess("-n", "2", "--conformance-report", "r.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    report = validate_report(json.loads((pytester.path / "r.json").read_text()))
+    assert report.summary.passed == 4 and len(report.tests) == 4

@@ -1,0 +1,52 @@
+"""The JSON report is a published contract: the committed schema matches the models and rejects bad reports."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.report import ReportValidationError, report_schema, schema_path, validate_report
+
+GOOD = {
+    "schema_version": "1.0",
+    "backend": {"name": "cpu", "device_type": "cpu", "distributed_backend": "gloo", "world_size": 2,
+                "capabilities": {"collectives": {"declared": True, "probed": True, "reason": ""}}},
+    "torch": {"version": "2.13.0+cpu", "git_version": "abc"},
+    "host": {"python": "3.11.7", "platform": "Linux", "cpu": "x86", "gpu": None, "driver": None},
+    "started_at": "2026-11-29T10:00:00Z",
+    "finished_at": "2026-11-29T10:01:00Z",
+    "summary": {"passed": 1, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0, "errors": 0, "total": 1},
+    "tests": [{"nodeid": "test_collectives.py::test_barrier", "suite": "collectives", "outcome": "passed",
+               "duration": 0.01, "message": ""}],
+    "events": [],
+}
+
+
+def test_committed_schema_is_the_generated_one():
+    committed = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json").read_text())
+    assert committed == report_schema(), "regenerate schemas/report.schema.json (see README, 'Report schema')"
+    assert schema_path().name == "report.schema.json"
+
+
+def test_good_report_validates_and_counts_per_suite():
+    report = validate_report(GOOD)
+    assert report.suites()["collectives"].passed == 1
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda r: r.pop("backend"), "report invalid at <root>: 'backend' is a required property"),
+    (lambda r: r["tests"][0].update(outcome="exploded"), "report invalid at tests/0/outcome: 'exploded' is not one of"),
+    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '1.0' was expected"),
+    (lambda r: r["summary"].update(passed="many"), "report invalid at summary/passed: 'many' is not of type 'integer'"),
+    (lambda r: r["tests"][0].update(duration=-1), "report invalid at tests/0/duration: -1 is less than the minimum of 0"),
+    (lambda r: r.update(extra=1), "Additional properties are not allowed ('extra' was unexpected)"),
+])
+def test_bad_reports_are_refused_naming_the_problem(mutate, expected):
+    data = copy.deepcopy(GOOD)
+    mutate(data)
+    with pytest.raises(ReportValidationError) as info:
+        validate_report(data)
+    assert expected in str(info.value)
