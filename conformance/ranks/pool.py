@@ -68,13 +68,18 @@ class RankCrashed(RankError):
 
 
 def _describe(fn: Callable) -> tuple[str, str, str | None]:
+    """(module, qualname, file) by which a rank process finds ``fn``."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or "<locals>" in qualname or "<lambda>" in qualname or module == "__main__":
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if module == "__main__" and path:
+        # Like multiprocessing's spawn: ranks load the script under another name, so its
+        # ``if __name__ == "__main__"`` block does not run again.
+        module = "__conformance_main__"
+    if not module or module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
         raise TypeError(
             f"ranks.run needs a module-level function importable by the rank processes, got {fn!r}; "
             "define it at the top level of a module"
         )
-    path = getattr(sys.modules.get(module), "__file__", None)
     return module, qualname, path
 
 
