@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 import tempfile
 from pathlib import Path
 
@@ -270,8 +271,8 @@ class ConformanceRun:
             terminalreporter.section("conformance")
             for line in mismatches:
                 terminalreporter.write_line(f"declared/probed mismatch: {line}")
-            for event in events:
-                terminalreporter.write_line(event)
+            for event, count in Counter(events).items():
+                terminalreporter.write_line(event if count == 1 else f"{event} ({count} times)")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
+import time
+import uuid
 
 import pytest
 import yaml
@@ -208,3 +211,43 @@ def test_xdist_workers_have_their_own_pools_and_one_report(pytester):
     result.assert_outcomes(passed=4)
     report = validate_report(json.loads((pytester.path / "r.json").read_text()))
     assert report.summary.passed == 4 and len(report.tests) == 4
+
+
+def _processes_tagged(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"CONFORMANCE_TEST_TAG={tag}".encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_no_orphans_after_a_session_with_failures(pytester, monkeypatch):
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("CONFORMANCE_TEST_TAG", tag)
+    pytester.makepyfile(test_mess='''
+        import os, time
+        def hang(ctx):
+            time.sleep(60)
+        def boom(ctx):
+            raise RuntimeError("boom")
+        def ok(ctx):
+            return ctx.rank
+        def test_hang(ranks):
+            ranks.run_with_timeout(1, hang)
+        def test_boom(ranks):
+            ranks.run(boom)
+        def test_ok_at_the_end(ranks):
+            assert ranks.run(ok) == [0, 1]
+    ''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=2)
+    deadline = time.monotonic() + 10
+    while _processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_tagged(tag) == []
