@@ -1,0 +1,97 @@
+"""The symmetric-memory suite's bodies, run on a CPU reference implementation and on broken ones.
+
+torch has no symmetric memory for CPU, so the suite's GPU tests skip here. These tests run the very
+same bodies (``conformance/suites/_symmetric_memory_bodies.py``) between the rank processes of a
+real gloo pool against ``tests/suites/symm_reference.py``: they must pass on the reference and fail,
+with the specific complaint, on each deliberately broken variant.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks import ConformanceFailure
+from conformance.ranks import RankPool
+from conformance.suites import _symmetric_memory_bodies as bodies
+from conformance.symmetric_memory import TorchSymmetricMemory, resolve
+
+REFERENCE = "tests.suites.symm_reference:ReferenceSymmetricMemory"
+
+
+def variant(name: str) -> str:
+    return f"tests.suites.symm_reference:{name}"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2,
+                  timeout=60, grace=2.0) as p:
+        yield p
+
+
+@pytest.mark.parametrize("direction", ["odd->even", "even->odd"])
+def test_pairwise_passes_on_reference(pool, direction):
+    bodies.check_pairwise(pool, REFERENCE, direction)
+
+
+@pytest.mark.parametrize("numel, dtype_name", [(1, "float32"), (4099, "bfloat16"), (1 << 16, "int32"),
+                                               (300, "uint8"), (33, "float64")])
+def test_sizes_and_dtypes_pass_on_reference(pool, numel, dtype_name):
+    bodies.check_pairwise(pool, REFERENCE, "odd->even", numel, dtype_name)
+
+
+def test_ring_passes_on_reference(pool):
+    bodies.check_ring(pool, REFERENCE)
+
+
+def test_rounds_pass_on_reference(pool):
+    bodies.check_rounds(pool, REFERENCE)
+
+
+def test_wait_before_put_passes_on_reference(pool):
+    bodies.check_wait_before_put(pool, REFERENCE)
+
+
+def test_error_cases_pass_on_reference(pool):
+    bodies.check_errors(pool, REFERENCE)
+
+
+@pytest.mark.parametrize("broken, check, expected", [
+    pytest.param("NoWaitSymmetricMemory", bodies.check_wait_before_put,
+                 "returned before the data arrived", id="wait-that-does-not-wait"),
+    pytest.param("WrongPeerSymmetricMemory", bodies.check_pairwise,
+                 "its destination buffer changed although no rank puts to it", id="wrong-peer-pairwise"),
+    pytest.param("WrongPeerSymmetricMemory", bodies.check_ring,
+                 "wait_signal(peer=0) failed: TimeoutError", id="wrong-peer-ring"),
+    pytest.param("StaleSignalSymmetricMemory", bodies.check_rounds,
+                 "the wait returned on an old signal", id="stale-signal"),
+    pytest.param("UncheckedPeerSymmetricMemory", bodies.check_errors,
+                 "put_signal(peer=2) returned without an error", id="unchecked-peer"),
+])
+def test_broken_variant_is_caught(pool, broken, check, expected):
+    with pytest.raises(ConformanceFailure) as caught:
+        check(pool, variant(broken))
+    assert expected in str(caught.value)
+
+
+def test_wrong_peer_also_starves_the_receiver(pool):
+    with pytest.raises(ConformanceFailure) as caught:
+        bodies.check_pairwise(pool, variant("WrongPeerSymmetricMemory"))
+    assert "rank 0: wait_signal(peer=1) failed: TimeoutError: wait_signal: no signal from peer 1" in str(caught.value)
+
+
+def test_the_pool_is_healthy_after_a_caught_bug(pool):
+    """Bodies catch their own errors on the ranks: no process group reset, no respawn."""
+    spawns = pool.spawns
+    with pytest.raises(ConformanceFailure):
+        bodies.check_wait_before_put(pool, variant("NoWaitSymmetricMemory"))
+    bodies.check_pairwise(pool, REFERENCE)
+    assert pool.spawns == spawns
+
+
+def test_resolve_names_the_interface():
+    assert resolve("torch") is TorchSymmetricMemory
+    with pytest.raises(ValueError, match="expected 'torch' or 'package.module:ATTRIBUTE'"):
+        resolve("reference")
+    with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier"):
+        resolve("tests.suites.symm_reference:ReferenceHandle")
