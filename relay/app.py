@@ -1,0 +1,70 @@
+"""The relay's FastAPI application: ``create_app(settings)`` wires every part and lists every router.
+
+Triggered by ``relay serve`` (uvicorn) and by tests. Reads the settings and the backend descriptors
+(the allowlist); at start-up migrates the store, records the allowlist in it and starts the dispatcher;
+at shutdown stops the dispatcher (in-flight calls finish) and closes the store.
+
+Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
+``GET /metrics`` (:mod:`relay.observability`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from fastapi import FastAPI
+
+from conformance.descriptors import packaged_backends_dir
+
+from relay import intake, observability
+from relay.dispatch import Dispatcher
+from relay.github import DispatchSender, GitHubClient
+from relay.settings import Settings
+from relay.store import BackendRecord, Store
+from relay.tiers import load_allowlist
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("relay.app")
+
+
+def create_app(settings: Settings, *, github: DispatchSender | None = None) -> FastAPI:
+    """create_app(settings) -> FastAPI app; ``github`` replaces the GitHub client (tests, embedding)."""
+    allowlist = load_allowlist(settings.backends_dir or packaged_backends_dir())
+    store = Store(settings.database_url)
+    metrics = observability.Metrics(store)
+    github = github or GitHubClient.from_settings(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        store.migrate()
+        store.sync_backends(
+            [BackendRecord(t.name, t.repository, t.level.value, t.label) for t in allowlist]
+        )
+        if app.state.dispatcher is not None:
+            app.state.dispatcher.start()
+        log.info("relay started", extra={"upstream": settings.upstream_repo, "backends": [t.name for t in allowlist],
+                                         "store": store.safe_url})
+        try:
+            yield
+        finally:
+            if app.state.dispatcher is not None:
+                app.state.dispatcher.stop()
+            store.close()
+
+    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.secrets = settings.secret_values()
+    app.state.allowlist = allowlist
+    app.state.store = store
+    app.state.metrics = metrics
+    app.state.github = github
+    app.state.dispatcher = (
+        Dispatcher.from_settings(settings, store, github, metrics) if settings.dispatcher_enabled else None
+    )
+    app.add_exception_handler(intake.WebhookRejected, intake.rejection_handler)
+
+    app.include_router(intake.router)
+    app.include_router(observability.router)
+    return app

@@ -1,0 +1,79 @@
+"""The ``relay`` command: ``relay serve [--host] [--port]``, and room for more subcommands.
+
+Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
+stops start-up with a message naming it (exit 2). Each subcommand is a function registered with
+``@subcommand``, which adds its parser and its handler in one place: a new one (e.g. part 2's
+``relay sweep``) is a decorated function in this module or any module imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from conformance.descriptors import DescriptorError
+
+from relay.settings import SettingsError, load_settings
+
+__all__ = ["main", "subcommand"]
+
+Handler = Callable[[argparse.Namespace], int]
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {}
+
+
+def subcommand(name: str, help: str, arguments: Callable[[argparse.ArgumentParser], None] = lambda p: None):
+    """Register ``handler(args) -> exit code`` as ``relay <name>``; ``arguments(parser)`` adds its options."""
+
+    def register(handler: Handler) -> Handler:
+        _SUBCOMMANDS[name] = (help, arguments, handler)
+        return handler
+
+    return register
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+
+
+@subcommand("serve", "run the relay service (webhook intake + dispatcher)", _serve_arguments)
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from relay.app import create_app
+    from relay.observability import configure_logging
+    from relay.store import StoreUnavailable
+
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    try:
+        app.state.store.ping()
+    except StoreUnavailable as exc:
+        raise SettingsError(f"RELAY_DATABASE_URL: {exc}") from None
+    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relay", description="CI relay: upstream webhooks in, repository_dispatch out")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, arguments, handler) in _SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        arguments(sub)
+        sub.set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (SettingsError, DescriptorError, ValueError) as exc:
+        print(f"relay {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""Dispatcher: drains the outbox into ``repository_dispatch`` calls, one lane per backend.
+
+Triggered by intake (``wake()`` after a delivery is stored), by its own poll timer (rows written by
+other processes, retries coming due, leases of dead processes expiring) and at start-up. Reads and
+writes outbox rows through the store; calls GitHub through :mod:`relay.github`.
+
+How it works, in order:
+
+1. One loop thread claims due rows: the oldest of each backend that is idle (no call in flight) and
+   whose credential may send (not rate limited, pacing allows). A claim is a lease: if this process
+   dies, the row becomes claimable again when the lease runs out, so nothing is lost.
+2. Each claimed row is sent on a worker thread; backends never wait for each other, so one slow or
+   failing downstream delays only its own lane.
+3. The outcome is written back: ``sent``; ``queued`` again with exponential backoff and jitter
+   (5xx, network); ``queued`` after the wait GitHub asked for (rate limits, which also rest every
+   backend sharing that credential); ``failed`` with the reason (404, 422, revoked token, or out of
+   attempts).
+
+Delivery is at least once: a row is sent twice only if a process dies after GitHub accepted the call
+and before the outcome was written; the payload's ``delivery`` and ``nonce`` let downstream drop the copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from relay.github import DispatchSender, GitHubCallError, PermanentError, RateLimitedError, RetryableError
+from relay.observability import Metrics
+from relay.store import ClaimedDispatch, DispatchState, Store, StoreUnavailable
+from relay.store.base import utcnow
+
+__all__ = ["CredentialGates", "Dispatcher"]
+
+log = logging.getLogger("relay.dispatch")
+
+
+class CredentialGates:
+    """Per-credential rate-limit state: rests ordered by GitHub, and a token bucket for pacing.
+
+    ``per_minute`` paces content-creating calls (GitHub allows about 80 a minute); the bucket holds a
+    minute's worth, so bursts up to that size go out at once. 0 disables pacing.
+    """
+
+    def __init__(self, per_minute: float, clock=time.monotonic):
+        self._rate = per_minute / 60.0
+        self._capacity = max(per_minute, 1.0)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._resting_until: dict[str, float] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # credential -> (tokens, at)
+
+    def rest(self, credential: str, seconds: float) -> None:
+        with self._lock:
+            until = self._clock() + seconds
+            self._resting_until[credential] = max(until, self._resting_until.get(credential, 0.0))
+
+    def wait_for(self, credential: str) -> float:
+        """Seconds before ``credential`` may send again (0 when it may send now)."""
+        with self._lock:
+            return self._wait_locked(credential, take=False)
+
+    def take(self, credential: str) -> float:
+        """Reserve one call now and return 0, or return the seconds to wait (nothing reserved)."""
+        with self._lock:
+            return self._wait_locked(credential, take=True)
+
+    def _wait_locked(self, credential: str, take: bool) -> float:
+        now = self._clock()
+        rest = self._resting_until.get(credential, 0.0) - now
+        if rest > 0:
+            return rest
+        if self._rate <= 0:
+            return 0.0
+        tokens, at = self._buckets.get(credential, (self._capacity, now))
+        tokens = min(self._capacity, tokens + (now - at) * self._rate)
+        if tokens < 1.0:
+            self._buckets[credential] = (tokens, now)
+            return (1.0 - tokens) / self._rate
+        self._buckets[credential] = (tokens - 1.0 if take else tokens, now)
+        return 0.0
+
+
+class Dispatcher:
+    """Dispatcher(store, github, ...): start() a loop thread and workers; stop() drains in-flight calls."""
+
+    def __init__(
+        self,
+        store: Store,
+        github: DispatchSender,
+        *,
+        concurrency: int = 32,
+        poll_seconds: float = 1.0,
+        lease_seconds: float = 60.0,
+        max_attempts: int = 8,
+        backoff_base_seconds: float = 5.0,
+        backoff_max_seconds: float = 900.0,
+        requests_per_minute: float = 80.0,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+        claimer: str | None = None,
+    ):
+        self.store = store
+        self.github = github
+        self.concurrency = concurrency
+        self.poll_seconds = poll_seconds
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base_seconds
+        self.backoff_max = backoff_max_seconds
+        self.gates = CredentialGates(requests_per_minute)
+        self.metrics = metrics or Metrics()
+        self.rng = rng or random.Random()
+        # Names this process in claimed_by; unique so a restarted process never mistakes old claims for its own.
+        self.claimer = claimer or f"{uuid.uuid4().hex[:12]}"
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()  # backends with a call in flight
+        self._credential_of: dict[str, str] = {}  # backend -> credential, learnt on first send
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_settings(cls, settings, store: Store, github: DispatchSender, metrics: Metrics) -> "Dispatcher":
+        return cls(
+            store, github,
+            concurrency=settings.dispatch_concurrency,
+            poll_seconds=settings.dispatch_poll_seconds,
+            lease_seconds=settings.dispatch_lease_seconds,
+            max_attempts=settings.dispatch_max_attempts,
+            backoff_base_seconds=settings.dispatch_backoff_base_seconds,
+            backoff_max_seconds=settings.dispatch_backoff_max_seconds,
+            requests_per_minute=settings.github_content_requests_per_minute,
+            metrics=metrics,
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="relay-dispatch")
+        self._thread = threading.Thread(target=self._loop, name="relay-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        """Look at the outbox now (intake calls this after storing a delivery)."""
+        self._wake.set()
+
+    # --- the loop -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                claimed = self.claim_once()
+            except StoreUnavailable as exc:
+                log.warning("outbox unreachable; retrying", extra={"error": str(exc)})
+                self._wake.wait(self.poll_seconds)
+                continue
+            except Exception:  # keep the loop alive whatever happens; the next poll tries again
+                log.exception("dispatcher loop error")
+                self._wake.wait(self.poll_seconds)
+                continue
+            for row in claimed:
+                self._pool.submit(self._send, row)
+            if claimed:
+                continue  # more may be due for other backends
+            self._wake.wait(self._idle_wait())
+
+    def _idle_wait(self) -> float:
+        try:
+            due_in = self.store.seconds_until_next_due()
+        except StoreUnavailable:
+            return self.poll_seconds
+        wait = self.poll_seconds if due_in is None else min(self.poll_seconds, due_in + 0.01)
+        return max(wait, 0.005)
+
+    def _excluded(self) -> set[str]:
+        with self._lock:
+            excluded = set(self._busy)
+            credentials = dict(self._credential_of)
+        excluded.update(b for b, c in credentials.items() if self.gates.wait_for(c) > 0)
+        return excluded
+
+    def claim_once(self) -> list[ClaimedDispatch]:
+        """Claim what may be sent now, mark those backends busy, and return the claimed rows."""
+        with self._lock:
+            free = self.concurrency - len(self._busy)
+        if free <= 0:
+            return []
+        claimed = self.store.claim_dispatches(
+            self.claimer, limit=max(4 * free, 64), lease_seconds=self.lease_seconds,
+            exclude_backends=self._excluded(), max_claims=free,
+        )
+        with self._lock:
+            self._busy.update(row.backend for row in claimed)
+        return claimed
+
+    # --- one send -------------------------------------------------------------------------------
+    def _send(self, row: ClaimedDispatch) -> None:
+        try:
+            self.send(row)
+        except Exception:
+            log.exception("dispatch crashed", extra={"dispatch": row.id, "delivery": row.delivery_id})
+        finally:
+            with self._lock:
+                self._busy.discard(row.backend)
+            self._wake.set()
+
+    def _finish(self, row: ClaimedDispatch, **outcome) -> None:
+        try:
+            kept = self.store.finish_dispatch(row.id, self.claimer, **outcome)
+        except StoreUnavailable as exc:
+            # The lease will run out and the row will be claimed again: at least once, never lost.
+            log.error("could not record a dispatch outcome", extra={"dispatch": row.id, "error": str(exc)})
+            return
+        if not kept:
+            log.warning(
+                "dispatch claim lost before its outcome was recorded (lease expired)",
+                extra={"dispatch": row.id, "delivery": row.delivery_id, "backend": row.backend},
+            )
+
+    def _backoff(self, attempts: int) -> float:
+        ceiling = min(self.backoff_max, self.backoff_base * 2 ** max(attempts - 1, 0))
+        return ceiling / 2 + self.rng.uniform(0, ceiling / 2)  # "equal jitter": never less than half
+
+    def send(self, row: ClaimedDispatch) -> None:
+        """Send one claimed row and record its outcome."""
+        context = {"dispatch": row.id, "delivery": row.delivery_id, "backend": row.backend, "repository": row.repository}
+        started = time.monotonic()
+        try:
+            credential = self._credential_of.get(row.backend) or self.github.credential_for(row.repository)
+            with self._lock:
+                self._credential_of[row.backend] = credential
+            wait = self.gates.take(credential)
+            if wait > 0:
+                self._finish(row, state=DispatchState.queued, attempted=False, retry_in_seconds=wait,
+                             last_error=f"paced: credential {credential} busy for {wait:.1f}s")
+                return
+            result = self.github.repository_dispatch(row.repository, row.event_type, row.client_payload)
+        except RateLimitedError as exc:
+            self.gates.rest(exc.credential or "token", exc.wait_seconds)
+            self.metrics.retries.labels("rate_limited").inc()
+            self.metrics.dispatch_seconds.labels("rate_limited").observe(time.monotonic() - started)
+            log.warning("rate limited", extra={**context, "wait_seconds": exc.wait_seconds, "status": exc.status})
+            self._finish(row, state=DispatchState.queued, attempted=False, retry_in_seconds=exc.wait_seconds,
+                         last_error=f"rate limited: {exc.message}", last_status=exc.status)
+            return
+        except PermanentError as exc:
+            self._fail(row, context, exc, reason=f"permanent_{exc.status or 'error'}")
+            return
+        except (RetryableError, GitHubCallError, Exception) as exc:
+            if not isinstance(exc, GitHubCallError):
+                log.exception("unexpected error while dispatching", extra=context)
+                exc = RetryableError(f"{type(exc).__name__}: {exc}")
+            self._retry(row, context, exc, started)
+            return
+        elapsed = time.monotonic() - started
+        if result.pause_seconds:
+            self.gates.rest(result.credential, result.pause_seconds)
+        self.metrics.dispatch_seconds.labels("sent").observe(elapsed)
+        self.metrics.dispatch_delay.observe(max((utcnow() - row.created_at).total_seconds(), 0.0))
+        self.metrics.sent.inc()
+        log.info("dispatched", extra={**context, "seconds": round(elapsed, 4)})
+        self._finish(row, state=DispatchState.sent, attempted=True, last_status=result.status)
+
+    def _retry(self, row: ClaimedDispatch, context: dict, exc: GitHubCallError, started: float) -> None:
+        self.metrics.dispatch_seconds.labels("retryable").observe(time.monotonic() - started)
+        attempts = row.attempts + 1
+        if attempts >= self.max_attempts:
+            self._fail(row, context, exc, reason="out_of_attempts",
+                       message=f"gave up after {attempts} attempts; last: {exc.message}")
+            return
+        delay = self._backoff(attempts)
+        self.metrics.retries.labels("server_or_network").inc()
+        log.warning("dispatch will be retried", extra={**context, "attempt": attempts, "retry_in": round(delay, 3),
+                                                        "error": exc.message})
+        self._finish(row, state=DispatchState.queued, attempted=True, retry_in_seconds=delay,
+                     last_error=exc.message, last_status=exc.status)
+
+    def _fail(self, row: ClaimedDispatch, context: dict, exc: GitHubCallError, *, reason: str, message: str | None = None) -> None:
+        self.metrics.failures.labels(reason).inc()
+        log.error("dispatch failed", extra={**context, "error": message or exc.message, "status": exc.status})
+        self._finish(row, state=DispatchState.failed, attempted=True, last_error=message or exc.message,
+                     last_status=exc.status)

@@ -1,0 +1,108 @@
+"""Observability: structured logs, Prometheus metrics, and the ``/healthz`` and ``/metrics`` routes.
+
+Triggered at start-up (``configure_logging``), by intake and the dispatcher (they count through
+:class:`Metrics`) and by scrapes. Reads the store for health and queue depth; writes log lines to
+stderr (one JSON object per line by default). Each app has its own metrics registry, so several apps in
+one process (tests) never share counters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from relay.store import Store, StoreUnavailable
+
+__all__ = ["Metrics", "configure_logging", "router"]
+
+_RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and every ``extra=`` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        line.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")})
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("relay")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+class _OutboxDepth:
+    """Queue depth per state, read from the store at scrape time (so every process reports the shared queue)."""
+
+    def __init__(self, store: Store):
+        self._store = store
+
+    def collect(self):
+        family = GaugeMetricFamily("relay_outbox_dispatches", "dispatches in the outbox by state", labels=["state"])
+        try:
+            depth = self._store.outbox_depth()
+        except StoreUnavailable:
+            return
+        for state, count in depth.items():
+            family.add_metric([state], count)
+        yield family
+
+
+class Metrics:
+    """The relay's metrics, in a registry of their own."""
+
+    def __init__(self, store: Store | None = None):
+        self.registry = CollectorRegistry()
+        self.events = Counter(
+            "relay_webhook_events", "webhooks received, by event and outcome", ["event", "outcome"], registry=self.registry
+        )
+        self.dispatch_seconds = Histogram(
+            "relay_dispatch_request_seconds", "duration of one repository_dispatch call", ["outcome"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry,
+        )
+        self.dispatch_delay = Histogram(
+            "relay_dispatch_delay_seconds", "time from webhook accepted to dispatch sent",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600), registry=self.registry,
+        )
+        self.sent = Counter("relay_dispatches_sent", "dispatches delivered (204)", registry=self.registry)
+        self.retries = Counter("relay_dispatch_retries", "dispatches rescheduled, by reason", ["reason"], registry=self.registry)
+        self.failures = Counter("relay_dispatch_failures", "dispatches given up, by reason", ["reason"], registry=self.registry)
+        if store is not None:
+            self.registry.register(_OutboxDepth(store))
+
+
+router = APIRouter(tags=["observability"])
+
+
+@router.get("/healthz")
+def healthz(request: Request) -> JSONResponse:
+    """200 when the store answers, 503 naming the problem otherwise."""
+    try:
+        request.app.state.store.ping()
+    except StoreUnavailable as exc:
+        return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

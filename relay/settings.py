@@ -1,0 +1,214 @@
+"""Relay configuration: environment variables ``RELAY_*``, optionally a YAML file, validated at start-up.
+
+Triggered once by ``relay serve`` (or by a test building an app). Reads the process environment and,
+when ``RELAY_CONFIG_FILE`` names one, a YAML mapping whose keys are the variable names without the
+``RELAY_`` prefix, in lower case (``webhook_secrets: [a, b]``); environment variables win over the file.
+Writes nothing. A missing or invalid setting raises :class:`SettingsError` whose message names the
+environment variable and says how to fix it. Secrets are ``SecretStr``: printing or logging settings
+shows ``**********``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "load_settings"]
+
+ENV_PREFIX = "RELAY_"
+CONFIG_FILE_VAR = "RELAY_CONFIG_FILE"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the variable and the fix."""
+
+
+def _env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Values from the YAML file named by ``RELAY_CONFIG_FILE`` (lower priority than the environment)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
+        super().__init__(settings_cls)
+        self._values: dict[str, Any] = {}
+        if not path:
+            return
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise SettingsError(f"{CONFIG_FILE_VAR}: cannot read {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{CONFIG_FILE_VAR}: {path} is not valid YAML: {exc}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise SettingsError(f"{CONFIG_FILE_VAR}: {path} must hold a YAML mapping of settings")
+        unknown = sorted(set(data) - set(settings_cls.model_fields))
+        if unknown:
+            raise SettingsError(
+                f"{CONFIG_FILE_VAR}: {path}: unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(settings_cls.model_fields))}"
+            )
+        self._values = data
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is what pydantic uses
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _split_secrets(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Every setting of the relay; the environment variable is ``RELAY_`` + the field name in capitals."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # --- intake
+    webhook_secrets: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        description="comma-separated webhook secrets; every one is accepted (rotation)"
+    )
+    upstream_repo: str = Field("pytorch/pytorch", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
+    max_body_bytes: int = Field(25 * 1024 * 1024, gt=0, description="webhooks larger than this get 413")
+    backends_dir: Path | None = Field(None, description="folder of backend descriptors (the allowlist)")
+
+    # --- GitHub
+    github_api_url: str = "https://api.github.com"
+    github_token: SecretStr | None = None
+    github_app_id: str | None = None
+    github_private_key_file: Path | None = None
+    github_timeout_seconds: float = Field(10.0, gt=0)
+    github_content_requests_per_minute: float = Field(
+        80.0, ge=0, description="pace of content-creating calls per credential; 0 = unpaced"
+    )
+    github_secondary_backoff_seconds: float = Field(60.0, gt=0)
+
+    # --- store
+    database_url: str = "sqlite:///relay.db"
+
+    # --- dispatch
+    dispatcher_enabled: bool = True
+    dispatch_concurrency: int = Field(32, ge=1, le=512)
+    dispatch_poll_seconds: float = Field(1.0, gt=0)
+    dispatch_lease_seconds: float = Field(60.0, gt=0)
+    dispatch_max_attempts: int = Field(8, ge=1)
+    dispatch_backoff_base_seconds: float = Field(5.0, gt=0)
+    dispatch_backoff_max_seconds: float = Field(900.0, gt=0)
+
+    # --- logs
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        return (init_settings, env_settings, _YamlFileSource(settings_cls, os.environ.get(CONFIG_FILE_VAR)))
+
+    @field_validator("webhook_secrets", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _split_secrets(value)
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _non_empty(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        if not value:
+            raise ValueError("at least one secret is required")
+        return value
+
+    @field_validator("github_api_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value.rstrip("/")
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        scheme = value.split(":", 1)[0].split("+", 1)[0]
+        if scheme not in ("sqlite", "postgresql", "postgres"):
+            raise ValueError(f"{value.split(':', 1)[0]!r} databases are not supported; use sqlite:/// or postgresql://")
+        return value
+
+    @field_validator("backends_dir")
+    @classmethod
+    def _is_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{value} is not a directory of backend *.yaml files")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        app = self.github_app_id is not None or self.github_private_key_file is not None
+        if self.github_token is not None and app:
+            raise ValueError(
+                "RELAY_GITHUB_TOKEN and RELAY_GITHUB_APP_ID/RELAY_GITHUB_PRIVATE_KEY_FILE are both set; "
+                "choose one way to authenticate"
+            )
+        if app:
+            if not self.github_app_id or not self.github_private_key_file:
+                raise ValueError("GitHub App auth needs both RELAY_GITHUB_APP_ID and RELAY_GITHUB_PRIVATE_KEY_FILE")
+            if not self.github_app_id.isdigit():
+                raise ValueError(f"RELAY_GITHUB_APP_ID must be the numeric app id, got {self.github_app_id!r}")
+            try:
+                pem = self.github_private_key_file.read_text()
+            except OSError as exc:
+                raise ValueError(
+                    f"RELAY_GITHUB_PRIVATE_KEY_FILE: cannot read {self.github_private_key_file}: {exc.strerror}"
+                ) from None
+            if "PRIVATE KEY" not in pem:
+                raise ValueError(
+                    f"RELAY_GITHUB_PRIVATE_KEY_FILE: {self.github_private_key_file} is not a PEM private key "
+                    "(download it from the GitHub App's settings page)"
+                )
+        elif self.github_token is None:
+            raise ValueError(
+                "no GitHub credentials: set RELAY_GITHUB_TOKEN, or RELAY_GITHUB_APP_ID and "
+                "RELAY_GITHUB_PRIVATE_KEY_FILE for a GitHub App"
+            )
+        if self.dispatch_lease_seconds <= 2 * self.github_timeout_seconds:
+            raise ValueError(
+                "RELAY_DISPATCH_LEASE_SECONDS must exceed twice RELAY_GITHUB_TIMEOUT_SECONDS, so that a "
+                "claim cannot expire while its request is still running"
+            )
+        return self
+
+    @property
+    def uses_github_app(self) -> bool:
+        return self.github_app_id is not None
+
+    def secret_values(self) -> list[bytes]:
+        return [s.get_secret_value().encode() for s in self.webhook_secrets]
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """load_settings(**overrides) -> Settings: environment (+ YAML file), overrides win.
+
+    Raises SettingsError naming each bad or missing setting by its environment variable.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            name = _env_name(field) if field else "settings"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = "required but not set"
+            lines.append(f"  {name}: {msg}")
+        raise SettingsError("invalid relay settings:\n" + "\n".join(lines)) from None

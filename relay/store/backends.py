@@ -1,0 +1,58 @@
+"""Backends: the allowlist as last loaded from the descriptors (name, repository, level, label).
+
+Written at start-up (``Store.sync_backends``) from the backend descriptors' ``relay`` sections; a
+backend whose descriptor lost its relay section is kept but marked inactive, so its past dispatches
+still name a known backend. Read by the dashboard and reporting (part 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from sqlalchemy import Boolean, DateTime, String, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from relay.store.base import Base
+
+__all__ = ["BackendRecord", "BackendRow"]
+
+
+class BackendRow(Base):
+    __tablename__ = "backends"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    repository: Mapped[str] = mapped_column(String(200))
+    level: Mapped[str] = mapped_column(String(4))
+    label: Mapped[str] = mapped_column(String(100))
+    active: Mapped[bool] = mapped_column(Boolean)
+    synced_at: Mapped[dt.datetime] = mapped_column(DateTime)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendRecord:
+    name: str
+    repository: str
+    level: str
+    label: str
+    active: bool = True
+
+
+def sync(session: Session, records: list[BackendRecord], now: dt.datetime) -> None:
+    current = {r.name: r for r in records}
+    for row in session.scalars(select(BackendRow).with_for_update()):
+        record = current.pop(row.name, None)
+        if record is None:
+            row.active = False
+        else:
+            row.repository, row.level, row.label, row.active = record.repository, record.level, record.label, True
+        row.synced_at = now
+    for record in current.values():
+        session.add(BackendRow(synced_at=now, **dataclasses.asdict(record)))
+
+
+def all_records(session: Session) -> list[BackendRecord]:
+    return [
+        BackendRecord(name=r.name, repository=r.repository, level=r.level, label=r.label, active=r.active)
+        for r in session.scalars(select(BackendRow).order_by(BackendRow.name))
+    ]

@@ -1,0 +1,94 @@
+"""Database connection: URL handling, engine tuning per dialect, sessions, and migrations at start-up.
+
+Triggered when a :class:`relay.store.Store` is built. Reads the database URL; writes the schema (Alembic
+migrations shipped in ``relay/store/migrations``). Plain URLs work: ``sqlite:///relay.db`` and
+``postgresql://user@host/db`` (the relay picks the psycopg 3 driver).
+
+SQLite is tuned for one relay process with many threads: WAL journal, a busy timeout, and every
+transaction opened with ``BEGIN IMMEDIATE`` so two writers queue instead of failing with "database is
+locked" when a read transaction later tries to write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import URL, make_url
+
+__all__ = ["MIGRATIONS_DIR", "create_store_engine", "normalise_url", "run_migrations"]
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# Any constant works; it only has to be the same in every relay process.
+_MIGRATION_LOCK_ID = 0x72656C6179  # "relay"
+
+
+def normalise_url(url: str) -> URL:
+    """normalise_url(url) -> URL with an explicit driver (psycopg 3 for PostgreSQL)."""
+    parsed = make_url(url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url)
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg2", "psycopg"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def create_store_engine(url: str) -> Engine:
+    parsed = normalise_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ValueError("RELAY_DATABASE_URL: an in-memory SQLite database cannot be shared; name a file")
+        Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            parsed,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=16,
+            max_overflow=32,
+        )
+        _tune_sqlite(engine)
+        return engine
+    if backend == "postgresql":
+        return create_engine(parsed, pool_size=16, max_overflow=32, pool_pre_ping=True)
+    raise ValueError(f"RELAY_DATABASE_URL: unsupported database {backend!r}; use sqlite:/// or postgresql://")
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        # Hand transaction control to SQLAlchemy's "begin" event below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def run_migrations(engine: Engine) -> None:
+    """Bring the schema to the newest revision; several processes starting at once take turns."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.connect() as connection:
+        lock = engine.dialect.name == "postgresql"
+        if lock:
+            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+            connection.commit()
+        try:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+            connection.commit()
+        finally:
+            if lock:
+                with contextlib.suppress(Exception):
+                    connection.rollback()
+                    connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
+                    connection.commit()

@@ -1,0 +1,79 @@
+"""Deliveries: one row per accepted webhook, keyed by ``X-GitHub-Delivery`` (the dedupe key).
+
+Written by intake (through ``Store.record_delivery``) in the same transaction as the delivery's
+dispatches; read to answer "was this delivery seen?" and, by the results side, for stored events
+(``issue_comment``, ``check_run``, ``check_suite``: re-run requests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, String, Text, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from relay.store.base import Base
+
+__all__ = ["Delivery", "DeliveryView", "NewDelivery"]
+
+
+class Delivery(Base):
+    __tablename__ = "deliveries"
+
+    delivery_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    event: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str | None] = mapped_column(String(64))
+    repository: Mapped[str] = mapped_column(String(200))
+    received_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
+    # "dispatched" (fan-out queued), "recorded" (nothing to send), "stored" (kept for the results side)
+    outcome: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The raw webhook, kept only for events the results side reads later (re-run requests).
+    payload: Mapped[str | None] = mapped_column(Text)
+
+
+@dataclasses.dataclass(frozen=True)
+class NewDelivery:
+    delivery_id: str
+    event: str
+    action: str | None
+    repository: str
+    outcome: str
+    summary: dict[str, Any]
+    reason: str | None = None
+    payload: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeliveryView:
+    delivery_id: str
+    event: str
+    action: str | None
+    repository: str
+    received_at: dt.datetime
+    outcome: str
+    reason: str | None
+    summary: dict[str, Any]
+    payload: str | None
+
+
+def add(session: Session, new: NewDelivery, now: dt.datetime) -> None:
+    session.add(Delivery(received_at=now, **dataclasses.asdict(new)))
+
+
+def exists(session: Session, delivery_id: str) -> bool:
+    return session.scalar(select(Delivery.delivery_id).where(Delivery.delivery_id == delivery_id)) is not None
+
+
+def get(session: Session, delivery_id: str) -> DeliveryView | None:
+    row = session.get(Delivery, delivery_id)
+    if row is None:
+        return None
+    return DeliveryView(
+        delivery_id=row.delivery_id, event=row.event, action=row.action, repository=row.repository,
+        received_at=row.received_at, outcome=row.outcome, reason=row.reason, summary=row.summary,
+        payload=row.payload,
+    )

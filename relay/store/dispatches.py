@@ -1,0 +1,205 @@
+"""Dispatches: the outbox. One row per (delivery, backend) that must reach a downstream repository.
+
+Written by intake (state ``queued``, in the delivery's transaction) and by the dispatcher (claims and
+outcomes); read by the dispatcher, by ``/metrics`` (queue depth) and by tests. States:
+
+    queued --claim--> sending --204--> sent
+      ^                  |---retryable / rate limited---> queued (next_attempt_at later)
+      |                  |---permanent or out of attempts--> failed
+      +--lease expired---+ (the claiming process died: another claim picks the row up again)
+
+A claim sets ``claimed_by`` and ``claimed_until``; outcomes are written only by the process still
+holding the claim, so a row is sent again only when its claimer vanished mid-request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import (
+    JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, func, or_,
+    select, update,
+)
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from relay.store.base import Base
+
+__all__ = ["ClaimedDispatch", "Dispatch", "DispatchState", "DispatchView", "NewDispatch"]
+
+
+class DispatchState:
+    queued = "queued"
+    sending = "sending"
+    sent = "sent"
+    failed = "failed"
+    ALL = ("queued", "sending", "sent", "failed")
+
+
+class Dispatch(Base):
+    __tablename__ = "dispatches"
+    __table_args__ = (
+        UniqueConstraint("delivery_id", "backend", name="uq_dispatches_delivery_backend"),
+        Index("ix_dispatches_due", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(String(100), ForeignKey("deliveries.delivery_id"))
+    backend: Mapped[str] = mapped_column(String(100))
+    repository: Mapped[str] = mapped_column(String(200))
+    event_type: Mapped[str] = mapped_column(String(100))
+    client_payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    nonce: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default=DispatchState.queued)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_until: Mapped[dt.datetime | None] = mapped_column(DateTime)
+
+
+@dataclasses.dataclass(frozen=True)
+class NewDispatch:
+    backend: str
+    repository: str
+    event_type: str
+    client_payload: dict[str, Any]
+    nonce: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedDispatch:
+    """What a dispatcher needs to send one row (a snapshot, not a live ORM object)."""
+
+    id: int
+    delivery_id: str
+    backend: str
+    repository: str
+    event_type: str
+    client_payload: dict[str, Any]
+    attempts: int
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchView:
+    id: int
+    delivery_id: str
+    backend: str
+    repository: str
+    event_type: str
+    client_payload: dict[str, Any]
+    nonce: str
+    state: str
+    attempts: int
+    last_error: str | None
+    last_status: int | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    next_attempt_at: dt.datetime
+    sent_at: dt.datetime | None
+    claimed_by: str | None
+
+
+def add(session: Session, delivery_id: str, new: NewDispatch, now: dt.datetime) -> None:
+    session.add(
+        Dispatch(
+            delivery_id=delivery_id, state=DispatchState.queued, attempts=0, created_at=now, updated_at=now,
+            next_attempt_at=now, **dataclasses.asdict(new),
+        )
+    )
+
+
+def _due(now: dt.datetime):
+    return or_(
+        and_(Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at <= now),
+        and_(Dispatch.state == DispatchState.sending, Dispatch.claimed_until < now),
+    )
+
+
+def claim(
+    session: Session, *, now: dt.datetime, claimer: str, lease_until: dt.datetime, limit: int,
+    exclude_backends: Collection[str], max_claims: int | None = None,
+) -> list[ClaimedDispatch]:
+    """Claim the oldest due row of each backend not excluded (one per backend keeps per-backend order).
+
+    ``FOR UPDATE SKIP LOCKED`` lets several processes claim from one PostgreSQL at once without
+    waiting for each other or taking the same row; SQLite ignores it (its ``BEGIN IMMEDIATE``
+    serialises claims instead).
+    """
+    query = select(Dispatch).where(_due(now))
+    if exclude_backends:
+        query = query.where(Dispatch.backend.not_in(list(exclude_backends)))
+    query = query.order_by(Dispatch.id).limit(limit).with_for_update(skip_locked=True)
+    chosen: dict[str, Dispatch] = {}
+    for row in session.scalars(query):
+        if max_claims is not None and len(chosen) >= max_claims:
+            break
+        chosen.setdefault(row.backend, row)
+    claimed = []
+    for row in chosen.values():
+        row.state = DispatchState.sending
+        row.claimed_by = claimer
+        row.claimed_until = lease_until
+        row.updated_at = now
+        claimed.append(
+            ClaimedDispatch(
+                id=row.id, delivery_id=row.delivery_id, backend=row.backend, repository=row.repository,
+                event_type=row.event_type, client_payload=row.client_payload, attempts=row.attempts,
+                created_at=row.created_at,
+            )
+        )
+    return claimed
+
+
+def finish(
+    session: Session, dispatch_id: int, claimer: str, *, now: dt.datetime, state: str, attempted: bool,
+    last_error: str | None = None, last_status: int | None = None, next_attempt_at: dt.datetime | None = None,
+) -> bool:
+    """Record an outcome if ``claimer`` still holds the row; False when the claim was lost."""
+    values: dict[str, Any] = {
+        "state": state, "updated_at": now, "last_error": last_error, "last_status": last_status,
+        "claimed_by": claimer if state == DispatchState.sent else None, "claimed_until": None,
+    }
+    if attempted:
+        values["attempts"] = Dispatch.attempts + 1
+    if state == DispatchState.sent:
+        values["sent_at"] = now
+    if next_attempt_at is not None:
+        values["next_attempt_at"] = next_attempt_at
+    result = session.execute(
+        update(Dispatch)
+        .where(Dispatch.id == dispatch_id, Dispatch.claimed_by == claimer, Dispatch.state == DispatchState.sending)
+        .values(**values)
+    )
+    return result.rowcount == 1
+
+
+def depth(session: Session) -> dict[str, int]:
+    counts = dict.fromkeys(DispatchState.ALL, 0)
+    for state, count in session.execute(select(Dispatch.state, func.count()).group_by(Dispatch.state)):
+        counts[state] = count
+    return counts
+
+
+def next_due_at(session: Session) -> dt.datetime | None:
+    queued = session.scalar(select(func.min(Dispatch.next_attempt_at)).where(Dispatch.state == DispatchState.queued))
+    leased = session.scalar(select(func.min(Dispatch.claimed_until)).where(Dispatch.state == DispatchState.sending))
+    candidates = [t for t in (queued, leased) if t is not None]
+    return min(candidates) if candidates else None
+
+
+def list_views(session: Session, delivery_id: str | None = None) -> list[DispatchView]:
+    query = select(Dispatch).order_by(Dispatch.id)
+    if delivery_id is not None:
+        query = query.where(Dispatch.delivery_id == delivery_id)
+    return [
+        DispatchView(**{f.name: getattr(row, f.name) for f in dataclasses.fields(DispatchView)})
+        for row in session.scalars(query)
+    ]

@@ -1,0 +1,166 @@
+"""The store's operations, one transaction each: the only way the rest of the relay reaches SQL.
+
+Triggered by intake (``record_delivery``), the dispatcher (``claim_dispatches``, ``finish_dispatch``),
+start-up (``migrate``, ``sync_backends``) and observability (``ping``, ``outbox_depth``). Database
+errors surface as :class:`StoreUnavailable`, so callers can answer 503 without knowing SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from relay.store import backends, deliveries, dispatches, pull_requests
+from relay.store.base import utcnow
+from relay.store.database import create_store_engine, normalise_url, run_migrations
+
+__all__ = ["Store", "StoreUnavailable"]
+
+
+class StoreUnavailable(RuntimeError):
+    """The database could not be reached or refused the transaction (nothing was written)."""
+
+
+def _describe(exc: BaseException) -> str:
+    cause = getattr(exc, "orig", None) or exc
+    first_line = (str(cause).strip().splitlines() or [""])[0]
+    return f"{type(cause).__name__}: {first_line}"
+
+
+def _guarded(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sa_exc.IntegrityError:
+            raise
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            raise StoreUnavailable(f"store {self.safe_url} unavailable: {_describe(exc)}") from exc
+
+    return wrapper
+
+
+class Store:
+    """Store(url): a database (SQLite file or PostgreSQL) holding deliveries, the outbox, PRs, backends."""
+
+    def __init__(self, url: str):
+        self.engine = create_store_engine(url)
+        self.safe_url = normalise_url(url).render_as_string(hide_password=True)
+        self.dialect = self.engine.dialect.name
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        with self._sessions() as session, session.begin():
+            yield session
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    @_guarded
+    def migrate(self) -> None:
+        run_migrations(self.engine)
+
+    @_guarded
+    def ping(self) -> None:
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- intake ---------------------------------------------------------------------------------
+    @_guarded
+    def record_delivery(
+        self,
+        delivery: deliveries.NewDelivery,
+        new_dispatches: Sequence[dispatches.NewDispatch] = (),
+        pull_request: pull_requests.PullRequestSnapshot | None = None,
+    ) -> bool:
+        """Write a delivery, its outbox rows and its PR snapshot atomically; False if already seen."""
+        now = utcnow()
+        try:
+            with self._transaction() as session:
+                if deliveries.exists(session, delivery.delivery_id):
+                    return False
+                deliveries.add(session, delivery, now)
+                session.flush()  # the delivery row first: dispatches reference it
+                for new in new_dispatches:
+                    dispatches.add(session, delivery.delivery_id, new, now)
+                if pull_request is not None:
+                    pull_requests.upsert(session, pull_request, now)
+        except sa_exc.IntegrityError:
+            # A concurrent redelivery of the same id won the race; the unique key kept one copy.
+            with self._sessions() as session:
+                if deliveries.exists(session, delivery.delivery_id):
+                    return False
+            raise
+        return True
+
+    @_guarded
+    def delivery(self, delivery_id: str) -> deliveries.DeliveryView | None:
+        with self._transaction() as session:
+            return deliveries.get(session, delivery_id)
+
+    @_guarded
+    def pull_request_labels(self, repository: str, number: int) -> tuple[str, ...] | None:
+        with self._transaction() as session:
+            return pull_requests.labels(session, repository, number)
+
+    # --- dispatch -------------------------------------------------------------------------------
+    @_guarded
+    def claim_dispatches(
+        self, claimer: str, *, limit: int, lease_seconds: float, exclude_backends: Collection[str] = (),
+        max_claims: int | None = None,
+    ) -> list[dispatches.ClaimedDispatch]:
+        """Claim up to ``max_claims`` due rows, the oldest of each backend not excluded."""
+        now = utcnow()
+        with self._transaction() as session:
+            return dispatches.claim(
+                session, now=now, claimer=claimer, lease_until=now + dt.timedelta(seconds=lease_seconds),
+                limit=limit, exclude_backends=exclude_backends, max_claims=max_claims,
+            )
+
+    @_guarded
+    def finish_dispatch(
+        self, dispatch_id: int, claimer: str, *, state: str, attempted: bool, last_error: str | None = None,
+        last_status: int | None = None, retry_in_seconds: float | None = None,
+    ) -> bool:
+        now = utcnow()
+        next_at = None if retry_in_seconds is None else now + dt.timedelta(seconds=retry_in_seconds)
+        with self._transaction() as session:
+            return dispatches.finish(
+                session, dispatch_id, claimer, now=now, state=state, attempted=attempted,
+                last_error=last_error, last_status=last_status, next_attempt_at=next_at,
+            )
+
+    @_guarded
+    def seconds_until_next_due(self) -> float | None:
+        with self._transaction() as session:
+            due = dispatches.next_due_at(session)
+        return None if due is None else max(0.0, (due - utcnow()).total_seconds())
+
+    @_guarded
+    def outbox_depth(self) -> dict[str, int]:
+        with self._transaction() as session:
+            return dispatches.depth(session)
+
+    @_guarded
+    def dispatches(self, delivery_id: str | None = None) -> list[dispatches.DispatchView]:
+        with self._transaction() as session:
+            return dispatches.list_views(session, delivery_id)
+
+    # --- backends -------------------------------------------------------------------------------
+    @_guarded
+    def sync_backends(self, records: Sequence[backends.BackendRecord]) -> None:
+        with self._transaction() as session:
+            backends.sync(session, list(records), utcnow())
+
+    @_guarded
+    def backends(self) -> list[backends.BackendRecord]:
+        with self._transaction() as session:
+            return backends.all_records(session)

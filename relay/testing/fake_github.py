@@ -1,0 +1,442 @@
+"""A fake GitHub API server on 127.0.0.1, for the relay's tests and for backend owners' own tests.
+
+Started by a test (``with FakeGitHub() as gh: ...``); real HTTP, so github3.py and the relay talk to it
+exactly as to api.github.com (point ``RELAY_GITHUB_API_URL`` at ``gh.url``). It records every request
+(``gh.requests``) and implements what the relay uses:
+
+    POST  /repos/{o}/{r}/dispatches                   204; 422 beyond GitHub's event_type/client_payload limits
+    GET   /repos/{o}/{r}                              repository, with absolute URLs pointing here
+    GET   /repos/{o}/{r}/installation                 the GitHub App installation (app JWT)
+    POST  /app/installations/{id}/access_tokens       installation token (app JWT), 201
+    POST  /repos/{o}/{r}/statuses/{sha}               commit status, 201 (state and 140-char description checked)
+    POST  /repos/{o}/{r}/check-runs                   check run (installation token only), 201
+    GET|PATCH /repos/{o}/{r}/check-runs/{id}          read / update a check run
+    POST  /repos/{o}/{r}/check-runs/{id}/rerequest    re-run a check run, 201
+    POST  /repos/{o}/{r}/actions/runs/{id}/rerun      re-run a workflow run, 201
+
+Scripting: ``gh.script(Fault.server_error(), Fault.rate_limited(retry_after=1), repository="o/r")``
+queues faults; each matching request consumes the next one. ``gh.latency`` adds a delay to every call.
+Faults: slow, server_error (5xx), rate_limited (429 + retry-after), secondary_limit (403),
+primary_exhausted (403, x-ratelimit-remaining 0), unprocessable (422), not_found (404),
+bad_credentials (401), disconnect (connection closed without an answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import itertools
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["Fault", "FakeGitHub", "RecordedRequest"]
+
+_REPO = r"(?P<repo>[^/]+/[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(rf"/repos/{_REPO}/dispatches"), "dispatches"),
+    ("GET", re.compile(rf"/repos/{_REPO}/installation"), "installation"),
+    ("POST", re.compile(r"/app/installations/(?P<id>\d+)/access_tokens"), "access_tokens"),
+    ("POST", re.compile(rf"/repos/{_REPO}/statuses/(?P<sha>[0-9a-fA-F]+)"), "statuses"),
+    ("POST", re.compile(rf"/repos/{_REPO}/check-runs"), "check_runs"),
+    ("POST", re.compile(rf"/repos/{_REPO}/check-runs/(?P<id>\d+)/rerequest"), "check_run_rerequest"),
+    ("GET", re.compile(rf"/repos/{_REPO}/check-runs/(?P<id>\d+)"), "check_run"),
+    ("PATCH", re.compile(rf"/repos/{_REPO}/check-runs/(?P<id>\d+)"), "check_run"),
+    ("POST", re.compile(rf"/repos/{_REPO}/actions/runs/(?P<id>\d+)/rerun"), "workflow_rerun"),
+    ("GET", re.compile(rf"/repos/{_REPO}"), "repository"),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One scripted answer: a delay, and optionally a status, headers and body instead of the normal answer."""
+
+    status: int | None = None
+    delay: float = 0.0
+    headers: tuple[tuple[str, str], ...] = ()
+    body: Any = None
+    disconnect: bool = False
+
+    @classmethod
+    def slow(cls, seconds: float) -> "Fault":
+        return cls(delay=seconds)
+
+    @classmethod
+    def server_error(cls, status: int = 502) -> "Fault":
+        return cls(status=status, body={"message": "Server Error"})
+
+    @classmethod
+    def rate_limited(cls, retry_after: float = 1) -> "Fault":
+        return cls(status=429, headers=(("Retry-After", f"{retry_after:g}"),), body={"message": "Too many requests"})
+
+    @classmethod
+    def secondary_limit(cls, retry_after: float | None = None) -> "Fault":
+        headers = () if retry_after is None else (("Retry-After", f"{retry_after:g}"),)
+        return cls(status=403, headers=headers, body={
+            "message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+            "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api",
+        })
+
+    @classmethod
+    def primary_exhausted(cls, reset_in: float = 1) -> "Fault":
+        reset = int(time.time() + reset_in + 0.999)
+        return cls(status=403, headers=(("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", str(reset))),
+                   body={"message": "API rate limit exceeded"})
+
+    @classmethod
+    def unprocessable(cls, message: str = "Validation Failed") -> "Fault":
+        return cls(status=422, body={"message": message})
+
+    @classmethod
+    def not_found(cls) -> "Fault":
+        return cls(status=404, body={"message": "Not Found"})
+
+    @classmethod
+    def bad_credentials(cls) -> "Fault":
+        return cls(status=401, body={"message": "Bad credentials"})
+
+    @classmethod
+    def dropped(cls) -> "Fault":
+        return cls(disconnect=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    endpoint: str | None
+    repository: str | None
+    headers: dict[str, str]
+    json: Any
+    received_at: float
+    answered: int | None  # status sent back (None: connection dropped)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class FakeGitHub:
+    """FakeGitHub(tokens=("test-token",), app_id=None, app_public_key_pem=None, latency=0.0)."""
+
+    def __init__(
+        self,
+        *,
+        tokens: Iterable[str] = ("test-token",),
+        app_id: str | int | None = None,
+        app_public_key_pem: str | bytes | None = None,
+        token_lifetime_seconds: float = 3600.0,
+        latency: float = 0.0,
+        require_auth: bool = True,
+    ):
+        self.tokens = set(tokens)
+        self.app_id = None if app_id is None else str(app_id)
+        self.app_public_key_pem = app_public_key_pem
+        self.token_lifetime_seconds = token_lifetime_seconds
+        self.latency = latency
+        self.require_auth = require_auth
+        self.installations: dict[str, int] = {}  # repository (lower) -> installation id
+        self.issued_tokens: dict[str, tuple[int, float]] = {}  # token -> (installation, expires epoch)
+        self.revoked: set[str] = set()
+        self.check_runs: dict[int, dict[str, Any]] = {}
+        self.statuses: list[dict[str, Any]] = []
+        self._requests: list[RecordedRequest] = []
+        self._faults: list[tuple[str | None, str | None, Fault]] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1000)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "FakeGitHub":
+        self._server = _Server(("127.0.0.1", 0), _handler_for(self))
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-github", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "FakeGitHub":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # --- scripting ------------------------------------------------------------------------------
+    def script(self, *faults: Fault, repository: str | None = None, endpoint: str | None = "dispatches") -> None:
+        """Queue faults for requests to ``endpoint`` (None: any) of ``repository`` (None: any)."""
+        with self._lock:
+            self._faults.extend((repository.lower() if repository else None, endpoint, f) for f in faults)
+
+    def install_app(self, repository: str, installation_id: int | None = None) -> int:
+        installation_id = installation_id or next(self._ids)
+        self.installations[repository.lower()] = installation_id
+        return installation_id
+
+    def revoke(self, token: str) -> None:
+        self.revoked.add(token)
+
+    # --- records --------------------------------------------------------------------------------
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def dispatches(self, repository: str | None = None, *, accepted_only: bool = True) -> list[dict[str, Any]]:
+        """Bodies of repository_dispatch calls (those answered 204 unless ``accepted_only=False``)."""
+        return [
+            r.json for r in self.requests
+            if r.endpoint == "dispatches" and (repository is None or r.repository == repository.lower())
+            and (r.answered == 204 or not accepted_only)
+        ]
+
+    # --- internals ------------------------------------------------------------------------------
+    def _next_fault(self, endpoint: str | None, repository: str | None) -> Fault | None:
+        with self._lock:
+            for index, (repo, ep, fault) in enumerate(self._faults):
+                if (repo is None or repo == repository) and (ep is None or ep == endpoint):
+                    del self._faults[index]
+                    return fault
+        return None
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self._requests.append(request)
+
+    def _token_of(self, headers: dict[str, str]) -> str | None:
+        value = headers.get("authorization", "")
+        for prefix in ("token ", "bearer "):
+            if value.lower().startswith(prefix):
+                return value[len(prefix):].strip()
+        return None
+
+    def _app_jwt_ok(self, token: str | None) -> tuple[bool, str]:
+        if self.app_id is None:
+            return False, "this fake has no GitHub App (pass app_id=)"
+        if token is None:
+            return False, "A JSON web token could not be decoded"
+        if self.app_public_key_pem is None:
+            return True, ""
+        import jwt
+
+        try:
+            claims = jwt.decode(token, self.app_public_key_pem, algorithms=["RS256"])
+        except jwt.PyJWTError as exc:
+            return False, f"A JSON web token could not be decoded ({exc})"
+        if str(claims.get("iss")) != self.app_id:
+            return False, "Integration not found"
+        return True, ""
+
+    def _user_token_ok(self, token: str | None) -> tuple[bool, bool]:
+        """(valid, is_installation_token)."""
+        if token is None or token in self.revoked:
+            return False, False
+        if token in self.tokens:
+            return True, False
+        issued = self.issued_tokens.get(token)
+        if issued is not None and issued[1] > time.time():
+            return True, True
+        return False, False
+
+    def _repo_json(self, repo: str) -> dict[str, Any]:
+        owner, name = repo.split("/", 1)
+        return {
+            "id": abs(hash(repo)) % 10**8, "name": name, "full_name": repo, "owner": {"login": owner, "id": 1},
+            "url": f"{self.url}/repos/{repo}", "html_url": f"{self.url}/{repo}", "private": False,
+            "default_branch": "main",
+        }
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, dict[str, str], Any]:
+        for route_method, pattern, endpoint in _ROUTES:
+            match = pattern.fullmatch(path)
+            if match and route_method == method:
+                break
+        else:
+            return 404, {}, {"message": "Not Found"}
+        params = match.groupdict()
+        repo = params.get("repo", "").lower() or None
+        token = self._token_of(headers)
+        if endpoint in ("installation", "access_tokens"):
+            ok, why = self._app_jwt_ok(token)
+            if not ok:
+                return 401, {}, {"message": why}
+        elif self.require_auth:
+            valid, installation = self._user_token_ok(token)
+            if not valid:
+                return 401, {}, {"message": "Bad credentials"}
+            if endpoint == "check_runs" and not installation:
+                return 403, {}, {"message": "You must authenticate via a GitHub App."}
+        return getattr(self, f"_on_{endpoint}")(params, repo, body)
+
+    def _on_dispatches(self, params, repo, body):
+        if not isinstance(body, dict):
+            return 400, {}, {"message": "Problems parsing JSON"}
+        event_type = body.get("event_type")
+        if not isinstance(event_type, str) or not 1 <= len(event_type) <= 100:
+            return 422, {}, {"message": "Invalid request.\n\nevent_type must be 1 to 100 characters"}
+        payload = body.get("client_payload", {})
+        if not isinstance(payload, dict):
+            return 422, {}, {"message": "Invalid request.\n\nclient_payload is not an object"}
+        if len(payload) > 10:
+            return 422, {}, {"message": "Invalid request.\n\nNo more than 10 properties are allowed; "
+                                        f"{len(payload)} were supplied."}
+        if len(json.dumps(payload).encode()) >= 64 * 1024:
+            return 422, {}, {"message": "client_payload is too large"}
+        return 204, {}, None
+
+    def _on_repository(self, params, repo, body):
+        return 200, {}, self._repo_json(repo)
+
+    def _on_installation(self, params, repo, body):
+        installation_id = self.installations.get(repo)
+        if installation_id is None:
+            return 404, {}, {"message": "Not Found"}
+        return 200, {}, {
+            "id": installation_id, "app_id": int(self.app_id), "account": {"login": repo.split("/")[0]},
+            "access_tokens_url": f"{self.url}/app/installations/{installation_id}/access_tokens",
+            "repository_selection": "selected", "target_type": "Organization", "permissions": {},
+            "events": [], "created_at": "2024-01-01T00:00:00Z", "updated_at": "2024-01-01T00:00:00Z",
+            "single_file_name": None, "target_id": 1, "html_url": f"{self.url}/installations/{installation_id}",
+        }
+
+    def _on_access_tokens(self, params, repo, body):
+        installation_id = int(params["id"])
+        if installation_id not in self.installations.values():
+            return 404, {}, {"message": "Not Found"}
+        token = f"ghs_{secrets.token_hex(18)}"
+        expires = time.time() + self.token_lifetime_seconds
+        with self._lock:
+            self.issued_tokens[token] = (installation_id, expires)
+        expires_at = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return 201, {}, {"token": token, "expires_at": expires_at, "permissions": {}, "repository_selection": "selected"}
+
+    def _on_statuses(self, params, repo, body):
+        state = (body or {}).get("state")
+        if state not in ("pending", "success", "error", "failure"):
+            return 422, {}, {"message": "Validation Failed", "errors": [{"field": "state", "code": "invalid"}]}
+        if len((body or {}).get("description") or "") > 140:
+            return 422, {}, {"message": "Validation Failed", "errors": [{"field": "description", "code": "custom",
+                                                                           "message": "description is too long (maximum is 140 characters)"}]}
+        status_id = next(self._ids)
+        status = {"id": status_id, "url": f"{self.url}/repos/{repo}/statuses/{params['sha']}", "sha": params["sha"],
+                  "context": body.get("context", "default"), "state": state, "description": body.get("description"),
+                  "target_url": body.get("target_url"), "created_at": "2024-01-01T00:00:00Z"}
+        with self._lock:
+            self.statuses.append({"repository": repo, **status})
+        return 201, {}, status
+
+    def _on_check_runs(self, params, repo, body):
+        body = body or {}
+        if not body.get("name") or not body.get("head_sha"):
+            return 422, {}, {"message": "Invalid request.\n\n\"name\", \"head_sha\" wasn't supplied."}
+        output = body.get("output") or {}
+        if len(output.get("summary") or "") > 65535 or len(output.get("text") or "") > 65535:
+            return 422, {}, {"message": "Invalid request.\n\nOnly 65535 characters are allowed"}
+        run_id = next(self._ids)
+        run = {
+            "id": run_id, "name": body["name"], "head_sha": body["head_sha"], "status": body.get("status", "queued"),
+            "conclusion": body.get("conclusion"), "external_id": body.get("external_id"),
+            "details_url": body.get("details_url"), "output": output,
+            "url": f"{self.url}/repos/{repo}/check-runs/{run_id}", "html_url": f"{self.url}/{repo}/runs/{run_id}",
+            "repository": repo,
+        }
+        with self._lock:
+            self.check_runs[run_id] = run
+        return 201, {}, run
+
+    def _on_check_run(self, params, repo, body):
+        run = self.check_runs.get(int(params["id"]))
+        if run is None or run["repository"] != repo:
+            return 404, {}, {"message": "Not Found"}
+        if body is not None:  # PATCH
+            with self._lock:
+                run.update({k: v for k, v in body.items() if k != "id"})
+        return 200, {}, run
+
+    def _on_check_run_rerequest(self, params, repo, body):
+        if int(params["id"]) not in self.check_runs:
+            return 404, {}, {"message": "Not Found"}
+        return 201, {}, {}
+
+    def _on_workflow_rerun(self, params, repo, body):
+        return 201, {}, {}
+
+
+def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # keep test output clean
+            pass
+
+        def _serve(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode(errors="replace")
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            path = self.path.split("?", 1)[0].rstrip("/")
+            endpoint, repository = None, None
+            for route_method, pattern, name in _ROUTES:
+                match = pattern.fullmatch(path)
+                if match and route_method == method:
+                    endpoint, repository = name, (match.groupdict().get("repo") or "").lower() or None
+                    break
+            fault = fake._next_fault(endpoint, repository)
+            delay = fake.latency + (fault.delay if fault else 0.0)
+            if delay:
+                time.sleep(delay)
+            if fault is not None and fault.disconnect:
+                fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), None))
+                self.close_connection = True
+                self.connection.close()
+                return
+            if fault is not None and fault.status is not None:
+                status, extra, answer = fault.status, dict(fault.headers), fault.body
+            else:
+                status, extra, answer = fake.handle(method, path, headers, body)
+                if fault is not None:
+                    extra.update(dict(fault.headers))
+            fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), status))
+            payload = b"" if answer is None else json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            lowered = {k.lower() for k in extra}
+            if "x-ratelimit-remaining" not in lowered:
+                self.send_header("x-ratelimit-limit", "5000")
+                self.send_header("x-ratelimit-remaining", "4999")
+                self.send_header("x-ratelimit-reset", str(int(time.time()) + 3600))
+            for key, value in extra.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if payload:
+                self.wfile.write(payload)
+
+        def do_GET(self):
+            self._serve("GET")
+
+        def do_POST(self):
+            self._serve("POST")
+
+        def do_PATCH(self):
+            self._serve("PATCH")
+
+    return Handler
