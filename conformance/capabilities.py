@@ -34,7 +34,9 @@ class CapabilityReport:
         """(True, "") when declared and probed; else (False, why) naming the descriptor or the probe."""
         probe = self.probes[capability]
         if not self.descriptor.declares(capability):
-            hint = " (the probe finds it available: consider declaring it)" if probe.available else ""
+            # Keep the probe's own reason (torch's words) in the skip reason: it says why, not just who.
+            hint = (" (the probe finds it available: consider declaring it)" if probe.available
+                    else f" (probe: {probe.reason})" if probe.reason else "")
             return False, f"{self.descriptor.name} declares {capability}: false in {self.descriptor.source}{hint}"
         if not probe.available:
             return False, f"{capability} unavailable on {self.descriptor.name}: {probe.reason}"
