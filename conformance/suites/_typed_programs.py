@@ -810,7 +810,7 @@ def _mismatch(actual, expected, rtol: float, exact: bool) -> str | None:
     """None when ``actual`` matches; else a one-line description of the first difference."""
     import torch
 
-    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    actual, expected = torch.as_tensor(actual).detach(), torch.as_tensor(expected).detach()
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     a, e = actual.double(), expected.double()

@@ -31,44 +31,64 @@ pytestmark = requires("collectives")
 DTYPES = ["float32", pytest.param("bfloat16", marks=requires("bf16"))]
 
 
-@pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-@pytest.mark.parametrize("collective", programs.RAW_COLLECTIVES)
-def test_functional_collective(ranks, collective, direction, dtype_name):
-    results = ranks.run(programs.run_raw_collective, collective, dtype_name)
+# -- checks: one per layer; ``impl`` names the CollectiveSet under test (see _collective_impls) -------
+
+def check_functional_collective(ranks, collective: str, direction: str, dtype_name: str, *,
+                                impl: str = "torch") -> None:
+    results = ranks.run(programs.run_raw_collective, collective, dtype_name, impl=impl)
     pick = 0 if direction == "forward" else 1
     programs.verify_checks([[checks[pick]] for checks in results], dtype_name=dtype_name,
                            what=f"functional collective {collective} ({direction}, {dtype_name}) on {ranks.backend}")
 
 
+def check_typed_collective(ranks, primitive: str, dtype_name: str, *, impl: str = "torch") -> None:
+    results = ranks.run(programs.run_primitive, primitive, dtype_name, impl=impl)
+    programs.verify_checks(results, dtype_name=dtype_name,
+                           what=f"typed collective {primitive} on {dtype_name} over {ranks.backend}")
+
+
+def check_program(ranks, program: str, dtype_name: str, *, impl: str = "torch", mesh: str = "1d") -> None:
+    results = ranks.run(programs.run_program, program, dtype_name, impl=impl, mesh=mesh)
+    where = "a 2 x 2 dp x tp mesh" if mesh == "dp_x_tp" else f"{ranks.world_size} ranks"
+    programs.verify_checks(results, dtype_name=dtype_name,
+                           what=f"typed program {program} on {dtype_name}, {where} over {ranks.backend}")
+
+
+def check_rejected(ranks, program: str, *, impl: str = "torch") -> None:
+    _, error_type, parts = programs.REJECTED[program]
+    errors = ranks.run(programs.run_rejected, program, impl=impl)
+    programs.verify_rejection(errors, error_type=error_type, parts=parts,
+                              what=f"typed program {program} over {ranks.backend} must be rejected")
+
+
+# -- tests ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("collective", programs.RAW_COLLECTIVES)
+def test_functional_collective(ranks, collective, direction, dtype_name):
+    check_functional_collective(ranks, collective, direction, dtype_name)
+
+
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("primitive", programs.PRIMITIVES)
 def test_typed_collective(ranks, primitive, dtype_name):
-    results = ranks.run(programs.run_primitive, primitive, dtype_name)
-    programs.verify_checks(results, dtype_name=dtype_name,
-                           what=f"typed collective {primitive} on {dtype_name} over {ranks.backend}")
+    check_typed_collective(ranks, primitive, dtype_name)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("program", list(programs.PROGRAMS))
 def test_program(ranks, program, dtype_name):
-    results = ranks.run(programs.run_program, program, dtype_name)
-    programs.verify_checks(results, dtype_name=dtype_name,
-                           what=f"typed program {program} on {dtype_name} over {ranks.backend}")
+    check_program(ranks, program, dtype_name)
 
 
 @world_size(4)
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("program", sorted(programs.MESH_PROGRAMS))
 def test_program_dp_x_tp(ranks, program, dtype_name):
-    results = ranks.run(programs.run_program, program, dtype_name, mesh="dp_x_tp")
-    programs.verify_checks(results, dtype_name=dtype_name,
-                           what=f"typed program {program} on a 2 x 2 dp x tp mesh, {dtype_name}, over {ranks.backend}")
+    check_program(ranks, program, dtype_name, mesh="dp_x_tp")
 
 
 @pytest.mark.parametrize("program", list(programs.REJECTED))
 def test_rejected(ranks, program):
-    _, error_type, parts = programs.REJECTED[program]
-    errors = ranks.run(programs.run_rejected, program)
-    programs.verify_rejection(errors, error_type=error_type, parts=parts,
-                              what=f"typed program {program} over {ranks.backend} must be rejected")
+    check_rejected(ranks, program)
