@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from relay.store import backends, deliveries, dispatches, pull_requests
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
+from relay.store.results import ResultsOperations
 
 __all__ = ["Store", "StoreUnavailable"]
 
@@ -46,7 +47,7 @@ def _guarded(method):
     return wrapper
 
 
-class Store:
+class Store(ResultsOperations):
     """Store(url): a database (SQLite file or PostgreSQL) holding deliveries, the outbox, PRs, backends."""
 
     def __init__(self, url: str):

@@ -1,0 +1,223 @@
+"""The store's results-side operations (runs, test results, reported states, nonces, re-run requests).
+
+A mixin of :class:`relay.store.Store`: each method is one transaction, like the intake-side methods.
+Triggered by callbacks, reporting, the sweeper, re-runs, the level review and the dashboard; database
+errors surface as :class:`relay.store.StoreUnavailable`; a refused run transition as
+:class:`relay.runs.TransitionRefused`, with nothing written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import select
+
+from relay.runs import RunState, check_transition
+from relay.store import callback_nonces, dispatches, reported_states, rerun_requests, runs, test_results
+from relay.store.base import utcnow
+from relay.store.deliveries import DeliveryView
+from relay.store.pull_requests import PullRequest, PullRequestSnapshot
+
+__all__ = ["CallbackApplied", "CallbackUpdate", "ResultsOperations"]
+
+
+def _guarded(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sa_exc.IntegrityError:
+            raise
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            from relay.store.store import StoreUnavailable, _describe
+
+            raise StoreUnavailable(f"store {self.safe_url} unavailable: {_describe(exc)}") from exc
+
+    return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackUpdate:
+    """A verified callback, reduced to what the run record needs."""
+
+    dispatch_id: int
+    run_id: int
+    run_attempt: int
+    target: RunState
+    conclusion: str | None = None
+    run_url: str | None = None
+    summary: dict[str, Any] | None = None
+    torch_version: str | None = None
+    tests: Sequence[test_results.NewTestResult] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackApplied:
+    run: runs.RunView
+    previous_state: str
+    tests_recorded: int
+
+
+class ResultsOperations:
+    """Results-side operations; mixed into ``Store`` (which provides ``_transaction`` and ``safe_url``)."""
+
+    # --- callbacks ------------------------------------------------------------------------------
+    @_guarded
+    def find_nonce(self, nonce: str) -> callback_nonces.NonceTarget | None:
+        with self._transaction() as session:
+            return callback_nonces.find(session, nonce)
+
+    @_guarded
+    def apply_callback(self, update: CallbackUpdate) -> CallbackApplied:
+        """Bind the run, check the transition in :mod:`relay.runs`'s table, write it (and the tests)."""
+        now = utcnow()
+        with self._transaction() as session:
+            dispatch = session.get(dispatches.Dispatch, update.dispatch_id, with_for_update=True)
+            if dispatch is None:  # pragma: no cover - the nonce lookup found it a moment ago
+                raise LookupError(f"dispatch {update.dispatch_id} vanished")
+            row = runs.bind(session, dispatch, update.run_id, update.run_attempt, now)
+            previous = row.state
+            check_transition(RunState(row.state), update.target, run=runs.view(row).describe())
+            row.state, row.updated_at = update.target.value, now
+            if update.run_url:
+                row.run_url = update.run_url[:2000]
+            recorded = 0
+            if update.target is RunState.in_progress:
+                row.started_at = now
+            else:
+                row.finished_at = now
+                row.conclusion = update.conclusion
+                row.summary = update.summary
+                row.torch_version = update.torch_version
+                session.flush()
+                recorded = test_results.add_many(session, row, update.tests, now)
+            session.flush()
+            return CallbackApplied(runs.view(row), previous, recorded)
+
+    # --- sweeper --------------------------------------------------------------------------------
+    @_guarded
+    def adopt_dispatches(self, since: dt.datetime) -> tuple[int, int]:
+        with self._transaction() as session:
+            return runs.adopt(session, utcnow(), since)
+
+    @_guarded
+    def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
+        now = utcnow()
+        with self._transaction() as session:
+            out = []
+            for row, reason in runs.timed_out_candidates(
+                session, unstarted_before=unstarted_before, running_before=running_before,
+            ):
+                check_transition(RunState(row.state), RunState.timed_out, run=runs.view(row).describe())
+                row.state, row.conclusion, row.reason = RunState.timed_out.value, "timed_out", reason
+                row.finished_at = row.updated_at = now
+                out.append((runs.view(row), reason))
+            return out
+
+    @_guarded
+    def expire_nonces(self, sent_before: dt.datetime) -> int:
+        with self._transaction() as session:
+            return callback_nonces.expire(session, sent_before, utcnow())
+
+    # --- reading runs ---------------------------------------------------------------------------
+    @_guarded
+    def run(self, run_pk: int) -> runs.RunView | None:
+        with self._transaction() as session:
+            return runs.get(session, run_pk)
+
+    @_guarded
+    def runs(self, **filters: Any) -> list[runs.RunView]:
+        """runs(backend=, pr_number=, upstream_repository=, head_sha=, since=, until=, states=, limit=, newest_first=)."""
+        with self._transaction() as session:
+            return runs.query(session, **filters)
+
+    @_guarded
+    def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[test_results.TestResultView]:
+        with self._transaction() as session:
+            return test_results.for_runs(session, run_pks, outcomes)
+
+    @_guarded
+    def test_history(self, test_id: str, limit: int = 200) -> list[test_results.TestResultView]:
+        with self._transaction() as session:
+            return test_results.history(session, test_id, limit)
+
+    @_guarded
+    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[test_results.TestResultView]:
+        with self._transaction() as session:
+            return test_results.since(session, when, backend)
+
+    @_guarded
+    def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
+        with self._transaction() as session:
+            row = session.get(dispatches.Dispatch, dispatch_id)
+            return None if row is None else dict(row.client_payload)
+
+    # --- pull requests (read) -------------------------------------------------------------------
+    @_guarded
+    def pull_request(self, repository: str, number: int) -> PullRequestSnapshot | None:
+        with self._transaction() as session:
+            row = session.get(PullRequest, (repository, number))
+            if row is None:
+                return None
+            return PullRequestSnapshot(
+                repository=row.repository, number=row.number, head_sha=row.head_sha, state=row.state,
+                labels=tuple(row.labels), source_updated_at=row.source_updated_at,
+            )
+
+    @_guarded
+    def pull_requests_changed_since(self, when: dt.datetime) -> list[tuple[str, int, dt.datetime]]:
+        with self._transaction() as session:
+            rows = session.execute(
+                select(PullRequest.repository, PullRequest.number, PullRequest.recorded_at)
+                .where(PullRequest.recorded_at > when).order_by(PullRequest.recorded_at)
+            ).all()
+            return [(r[0], r[1], r[2]) for r in rows]
+
+    # --- reporting ------------------------------------------------------------------------------
+    @_guarded
+    def reported_state(self, run_pk: int, target: str) -> reported_states.ReportedState | None:
+        with self._transaction() as session:
+            return reported_states.get(session, run_pk, target)
+
+    @_guarded
+    def reported_states(self, run_pks: Sequence[int]) -> list[reported_states.ReportedState]:
+        with self._transaction() as session:
+            return reported_states.for_runs(session, list(run_pks))
+
+    @_guarded
+    def record_reported_state(
+        self, run_pk: int, target: str, state: str, *, external_id: int | None = None, last_error: str | None = None,
+    ) -> None:
+        with self._transaction() as session:
+            reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error, now=utcnow())
+
+    # --- re-runs --------------------------------------------------------------------------------
+    @_guarded
+    def unhandled_rerun_requests(self, limit: int = 50) -> list[DeliveryView]:
+        with self._transaction() as session:
+            return rerun_requests.unhandled(session, limit)
+
+    @_guarded
+    def record_rerun(
+        self, delivery_id: str, *, outcome: str, reason: str | None = None,
+        new_dispatches: Sequence[dispatches.NewDispatch] = (),
+    ) -> bool:
+        """Write the request's outcome and its new outbox rows at once; False if already handled."""
+        now = utcnow()
+        with self._transaction() as session:
+            if rerun_requests.is_handled(session, delivery_id):
+                return False
+            rerun_requests.add(session, delivery_id, outcome, reason, [d.backend for d in new_dispatches], now)
+            for new in new_dispatches:
+                dispatches.add(session, delivery_id, new, now)
+        return True
+
+    @_guarded
+    def rerun_request(self, delivery_id: str) -> rerun_requests.RerunRequestView | None:
+        with self._transaction() as session:
+            return rerun_requests.get_view(session, delivery_id)

@@ -1,0 +1,131 @@
+"""Test results: one row per conformance test of a completed run (suite, test id, outcome, duration, message).
+
+Written by a ``completed`` callback, in the transaction that finishes the run. Read by the dashboard
+and its API: a run's failures, one test's history across backends, and which tests fail on which
+backend since which upstream commit. ``test_id`` is ``<suite>::<name>``, the form the backend files'
+``known_failures`` use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from relay.store.base import Base
+from relay.store.runs import RunRow
+
+__all__ = ["FAILING_OUTCOMES", "NewTestResult", "TestResultRow", "TestResultView", "test_id_of"]
+
+_ID = BigInteger().with_variant(Integer, "sqlite")
+MESSAGE_MAX_CHARS = 4000
+FAILING_OUTCOMES = ("failed", "error", "xpassed")
+
+
+class TestResultRow(Base):
+    __tablename__ = "test_results"
+    __table_args__ = (
+        Index("ix_test_results_test_backend", "test_id", "backend"),
+        Index("ix_test_results_run", "run_pk"),
+    )
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    run_pk: Mapped[int] = mapped_column(_ID, ForeignKey("runs.id"))
+    backend: Mapped[str] = mapped_column(String(100))
+    head_sha: Mapped[str] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(String(200))
+    test_id: Mapped[str] = mapped_column(String(500))
+    nodeid: Mapped[str] = mapped_column(Text)
+    outcome: Mapped[str] = mapped_column(String(16))
+    duration: Mapped[float] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime)
+
+
+@dataclasses.dataclass(frozen=True)
+class NewTestResult:
+    nodeid: str
+    suite: str
+    outcome: str
+    duration: float
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TestResultView:
+    run_pk: int
+    backend: str
+    head_sha: str
+    suite: str
+    test_id: str
+    nodeid: str
+    outcome: str
+    duration: float
+    message: str
+    recorded_at: dt.datetime
+    pr_number: int | None = None
+
+
+def test_id_of(suite: str, nodeid: str) -> str:
+    """``<suite>::<name>``: the nodeid without its file part (class and parameters kept)."""
+    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    return f"{suite}::{name}"[:500]
+
+
+def add_many(session: Session, run: RunRow, results: Iterable[NewTestResult], now: dt.datetime) -> int:
+    rows = [
+        TestResultRow(
+            run_pk=run.id, backend=run.backend, head_sha=run.head_sha, suite=r.suite[:200],
+            test_id=test_id_of(r.suite, r.nodeid), nodeid=r.nodeid, outcome=r.outcome, duration=r.duration,
+            message=r.message[:MESSAGE_MAX_CHARS], recorded_at=now,
+        )
+        for r in results
+    ]
+    session.add_all(rows)
+    return len(rows)
+
+
+def _views(session: Session, stmt) -> list[TestResultView]:
+    out = []
+    for row, pr_number in session.execute(stmt):
+        out.append(TestResultView(
+            run_pk=row.run_pk, backend=row.backend, head_sha=row.head_sha, suite=row.suite, test_id=row.test_id,
+            nodeid=row.nodeid, outcome=row.outcome, duration=row.duration, message=row.message,
+            recorded_at=row.recorded_at, pr_number=pr_number,
+        ))
+    return out
+
+
+def for_runs(session: Session, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[TestResultView]:
+    if not run_pks:
+        return []
+    stmt = (
+        select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
+        .where(TestResultRow.run_pk.in_(list(run_pks)))
+    )
+    if outcomes is not None:
+        stmt = stmt.where(TestResultRow.outcome.in_(list(outcomes)))
+    return _views(session, stmt.order_by(TestResultRow.id))
+
+
+def history(session: Session, test_id: str, limit: int) -> list[TestResultView]:
+    stmt = (
+        select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
+        .where(TestResultRow.test_id == test_id)
+        .order_by(TestResultRow.recorded_at.desc(), TestResultRow.id.desc()).limit(limit)
+    )
+    return _views(session, stmt)
+
+
+def since(session: Session, when: dt.datetime, backend: str | None = None) -> list[TestResultView]:
+    """Every result recorded after ``when``, oldest first (for streak analysis)."""
+    stmt = (
+        select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
+        .where(TestResultRow.recorded_at >= when)
+    )
+    if backend is not None:
+        stmt = stmt.where(TestResultRow.backend == backend)
+    return _views(session, stmt.order_by(TestResultRow.recorded_at, TestResultRow.id))
