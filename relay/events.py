@@ -75,6 +75,7 @@ class UpstreamEvent:
     head_ref: str | None = None
     base_sha: str | None = None
     base_ref: str | None = None
+    deleted: bool = False  # a push that deleted its ref (``after`` is all zeros)
 
     @property
     def kind(self) -> str:
@@ -149,6 +150,7 @@ def normalise(event: str, delivery: str, payload: dict[str, Any]) -> UpstreamEve
         return UpstreamEvent(
             **common, head_sha=_get(payload, "after"), head_ref=ref, base_sha=_get(payload, "before"),
             base_ref=_cut(_get(payload, "base_ref", optional=True)) or ref,
+            deleted=bool(payload.get("deleted", False)),
         )
     if event == "check_run":
         return UpstreamEvent(**common, head_sha=_get(payload, "check_run.head_sha", optional=True))

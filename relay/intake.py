@@ -43,7 +43,7 @@ log = logging.getLogger("relay.intake")
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 _SIGNATURE = re.compile(r"sha256=([0-9a-fA-F]{64})")
-_DELIVERY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,99}")
+_DELIVERY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
 _EVENT = re.compile(r"[a-z_]{1,64}")
 
 FORWARDED_EVENTS = frozenset({"pull_request", "push"})

@@ -12,8 +12,8 @@ follow PyTorch's RFC-0050 relay, so an allowlist written for it reads the same h
 
 Routing (``route``): ``pull_request`` opened/reopened/synchronize/closed and ``push`` go to every target
 with ``forward_event``; ``labeled``/``unlabeled`` go only to the target(s) whose label changed (so adding
-``ciflow/crcr/<name>`` starts that backend's run now that its check will show); a repository that is not
-in the allowlist gets nothing.
+``ciflow/crcr/<name>`` starts that backend's run now that its check will show); a push that deletes
+its ref has no commit to test and goes nowhere; a repository that is not in the allowlist gets nothing.
 """
 
 from __future__ import annotations
@@ -117,6 +117,8 @@ def load_allowlist(backends_dir: Path) -> tuple[Target, ...]:
 def route(event: UpstreamEvent, targets: Iterable[Target]) -> tuple[list[Target], str | None]:
     """route(event, targets) -> (targets to dispatch to, reason when there are none)."""
     forwarding = [t for t in targets if t.switches.forward_event]
+    if event.event == "push" and event.deleted:
+        return [], f"push deleted {event.head_ref}; there is no commit to test"
     if event.event == "push":
         chosen = forwarding
     elif event.event == "pull_request" and event.action in _FORWARDED_PR_ACTIONS:

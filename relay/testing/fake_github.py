@@ -156,7 +156,9 @@ class FakeGitHub:
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "FakeGitHub":
         self._server = _Server(("127.0.0.1", 0), _handler_for(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-github", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-github", daemon=True
+        )
         self._thread.start()
         return self
 

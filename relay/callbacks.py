@@ -1,0 +1,291 @@
+"""Result callbacks: ``POST /github/callback``, where a downstream run reports its state and its report.
+
+Triggered by a backend repository's workflow (``workflows/conformance.yml``): once with
+``state: in_progress`` when the run starts, once with ``state: completed``, a ``conclusion`` and the
+conformance JSON report when it ends. Reads the caller's credentials (:mod:`relay.oidc`), the
+dispatch the nonce names, and the run record; writes the run's state, times and per-test results
+(one transaction, through :mod:`relay.store`), then hands the run to reporting (:mod:`relay.reporting`).
+
+Checks, in order, each with its own answer (JSON ``{"error": code, "detail": sentence}``):
+
+====  =========================================================================================
+415   the body is not ``application/json``
+413   the body exceeds ``RELAY_CALLBACK_MAX_BYTES``
+401   no valid OIDC token or static token (:mod:`relay.oidc`)
+403   the caller is not an allowlisted backend at L2+, or the nonce belongs to another backend's
+      dispatch, or the OIDC token names another run than the body
+429   the caller's repository exceeded ``RELAY_CALLBACK_RATE_PER_MINUTE`` (``Retry-After`` says when)
+400   malformed JSON, a body that does not follow the callback schema, or a report that does not
+      follow the published report schema (the message names the path of the first problem)
+404   unknown nonce
+410   expired nonce (older than ``RELAY_NONCE_TTL_HOURS``)
+409   the run state machine refuses: a replay, ``completed`` before ``in_progress``, a second
+      ``completed``, or a callback for a run already timed out or cancelled
+200   accepted: the run's new state, queue and execution time
+====  =========================================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from conformance.report import ReportValidationError, validate_report
+
+from relay.oidc import AuthError, Caller, CallerAuth
+from relay.runs import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
+from relay.store import StoreUnavailable
+from relay.store.results import CallbackUpdate
+from relay.store.test_results import NewTestResult
+
+__all__ = ["CallbackBody", "CallbackRejected", "CallbackService", "RateLimiter", "rejection_handler", "router"]
+
+log = logging.getLogger("relay.callbacks")
+
+
+class CallbackRejected(Exception):
+    """A refused callback: HTTP status, a short error code, a sentence saying what to fix."""
+
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.headers = status, error, detail, headers or {}
+
+
+def rejection_handler(_request: Request, exc: CallbackRejected) -> JSONResponse:
+    return JSONResponse({"error": exc.error, "detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+
+class CallbackBody(BaseModel):
+    """What a downstream run sends (the ``report`` is checked separately, against the published schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nonce: str = Field(min_length=16, max_length=128, description="client_payload.nonce of the dispatch")
+    state: Literal["in_progress", "completed"]
+    run_id: int = Field(ge=1, le=2**63 - 1, description="github.run_id of the downstream run")
+    run_attempt: int = Field(1, ge=1, le=10_000, description="github.run_attempt")
+    run_url: str | None = Field(None, max_length=2000, pattern=r"^https?://", description="the run's page")
+    conclusion: Literal[CONCLUSIONS] | None = Field(None, description="required with state completed")
+    report: dict[str, Any] | None = Field(None, description="the conformance JSON report (completed only)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CallbackBody":
+        if self.state == "completed" and self.conclusion is None:
+            raise ValueError("state 'completed' needs a 'conclusion' (success, failure, cancelled, timed_out, ...)")
+        if self.state == "in_progress" and (self.conclusion is not None or self.report is not None):
+            raise ValueError("state 'in_progress' carries no 'conclusion' and no 'report'; send them with 'completed'")
+        return self
+
+
+class CallbackAccepted(BaseModel):
+    run: int = Field(description="the relay's id of the run (dashboard: /runs/{run})")
+    backend: str
+    state: str
+    previous_state: str
+    conclusion: str | None
+    queue_seconds: float | None
+    execution_seconds: float | None
+    tests_recorded: int
+
+
+class RateLimiter:
+    """A token bucket per key (the caller's repository): ``per_minute`` sustained, ``burst`` at once."""
+
+    def __init__(self, per_minute: float, burst: int, clock=time.monotonic):
+        self._rate = per_minute / 60.0
+        self._burst = float(burst)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str) -> float:
+        """0 when allowed (one token taken), else the seconds until a token is available."""
+        if self._rate <= 0:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            tokens, at = self._buckets.get(key, (self._burst, now))
+            tokens = min(self._burst, tokens + (now - at) * self._rate)
+            if tokens >= 1.0:
+                self._buckets[key] = (tokens - 1.0, now)
+                return 0.0
+            self._buckets[key] = (tokens, now)
+            return (1.0 - tokens) / self._rate
+
+
+@dataclasses.dataclass
+class CallbackService:
+    """Everything the callback endpoint needs (kept on ``app.state.callbacks``)."""
+
+    store: Any
+    auth: CallerAuth
+    limiter: RateLimiter
+    max_body_bytes: int
+    on_run_changed: Any = None  # callable(run_pk): reporting, called after the transaction commits
+
+    def process(self, caller: Caller, body: bytes) -> CallbackAccepted:
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CallbackRejected(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+        try:
+            callback = CallbackBody.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<body>"
+            more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            raise CallbackRejected(
+                400, "invalid_callback", f"callback body invalid at {where}: {first['msg']}{more}",
+            ) from None
+        if caller.method == "oidc" and caller.run_id is not None and caller.run_id != callback.run_id:
+            raise CallbackRejected(
+                403, "run_mismatch",
+                f"the OIDC token was issued to run {caller.run_id}, but the body names run {callback.run_id}",
+            )
+        if caller.method == "oidc" and caller.run_attempt is not None and caller.run_attempt != callback.run_attempt:
+            raise CallbackRejected(
+                403, "run_mismatch",
+                f"the OIDC token was issued to attempt {caller.run_attempt}, but the body names attempt {callback.run_attempt}",
+            )
+        target = self.store.find_nonce(callback.nonce)
+        if target is None:
+            raise CallbackRejected(404, "unknown_nonce", "the nonce matches no dispatch; quote client_payload.nonce as received")
+        if target.backend != caller.backend:
+            raise CallbackRejected(
+                403, "nonce_of_other_backend",
+                f"the nonce belongs to a dispatch to backend {target.backend!r}, but the caller is {caller.backend!r}",
+            )
+        if target.expired_at is not None:
+            raise CallbackRejected(
+                410, "nonce_expired", f"the nonce of dispatch {target.dispatch_id} (delivery {target.delivery_id}) has expired",
+            )
+        update = self._update(caller, callback, target.dispatch_id)
+        try:
+            applied = self.store.apply_callback(update)
+        except TransitionRefused as exc:
+            raise CallbackRejected(409, exc.code, exc.message) from None
+        run = applied.run
+        log.info("callback accepted", extra={
+            "backend": run.backend, "run": run.id, "run_id": run.run_id, "attempt": run.run_attempt,
+            "state": run.state, "previous": applied.previous_state, "delivery": run.delivery_id,
+        })
+        if self.on_run_changed is not None:
+            try:
+                self.on_run_changed(run.id)
+            except Exception:  # reporting must never fail an accepted callback
+                log.exception("could not hand run %s to reporting", run.id)
+        return CallbackAccepted(
+            run=run.id, backend=run.backend, state=run.state, previous_state=applied.previous_state,
+            conclusion=run.conclusion, queue_seconds=run.queue_seconds, execution_seconds=run.execution_seconds,
+            tests_recorded=applied.tests_recorded,
+        )
+
+    @staticmethod
+    def _update(caller: Caller, callback: CallbackBody, dispatch_id: int) -> CallbackUpdate:
+        common = dict(dispatch_id=dispatch_id, run_id=callback.run_id, run_attempt=callback.run_attempt,
+                      run_url=callback.run_url)
+        if callback.state == "in_progress":
+            return CallbackUpdate(target=RunState.in_progress, **common)
+        summary = tests = torch_version = None
+        if callback.report is not None:
+            try:
+                report = validate_report(callback.report)
+            except ReportValidationError as exc:
+                raise CallbackRejected(400, "invalid_report", f"{exc}; see schemas/report.schema.json") from None
+            if report.backend.name != caller.backend:
+                raise CallbackRejected(
+                    400, "report_backend_mismatch",
+                    f"the report is for backend {report.backend.name!r}, but the caller is {caller.backend!r}",
+                )
+            summary = {
+                "counts": report.summary.model_dump(),
+                "suites": {suite: counts.model_dump() for suite, counts in report.suites().items()},
+                "world_size": report.backend.world_size,
+                "torch_git_version": report.torch.git_version,
+            }
+            tests = [NewTestResult(t.nodeid, t.suite, t.outcome, t.duration, t.message) for t in report.tests]
+            torch_version = report.torch.version
+        return CallbackUpdate(
+            target=state_for_conclusion(callback.conclusion), conclusion=callback.conclusion, summary=summary,
+            torch_version=torch_version, tests=tests or (), **common,
+        )
+
+
+def _service(request: Request) -> CallbackService:
+    return request.app.state.callbacks
+
+
+async def verified_caller(request: Request) -> Caller:
+    """Dependency: content type, declared size, then credentials; the handler never sees an unverified caller."""
+    service = _service(request)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise CallbackRejected(415, "unsupported_media_type", f"Content-Type {content_type or 'missing'!r}; send application/json")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > service.max_body_bytes:
+        raise CallbackRejected(
+            413, "payload_too_large",
+            f"body of {declared} bytes exceeds the limit of {service.max_body_bytes} bytes (RELAY_CALLBACK_MAX_BYTES)",
+        )
+    try:
+        caller = await run_in_threadpool(service.auth.authenticate, request.headers.get("authorization"))
+    except AuthError as exc:
+        raise CallbackRejected(exc.status, exc.code, exc.message) from None
+    wait = service.limiter.take(caller.repository.lower())
+    if wait > 0:
+        raise CallbackRejected(
+            429, "rate_limited",
+            f"too many callbacks from {caller.repository}; retry in {math.ceil(wait)} s (RELAY_CALLBACK_RATE_PER_MINUTE)",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )
+    return caller
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise CallbackRejected(413, "payload_too_large", f"body exceeds the limit of {limit} bytes (RELAY_CALLBACK_MAX_BYTES)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+router = APIRouter(tags=["callbacks"])
+
+_ERRORS = {
+    code: {"description": text, "content": {"application/json": {"example": {"error": "...", "detail": "..."}}}}
+    for code, text in {
+        400: "malformed body or report", 401: "no valid credentials", 403: "caller not allowed",
+        404: "unknown nonce", 409: "refused by the run state machine", 410: "expired nonce",
+        413: "body too large", 415: "not JSON", 429: "rate limited", 503: "store unavailable",
+    }.items()
+}
+
+
+@router.post(
+    "/github/callback",
+    response_model=CallbackAccepted,
+    responses=_ERRORS,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": CallbackBody.model_json_schema(ref_template="#/components/schemas/{model}")}}}},
+    summary="a downstream run reports in_progress, then completed with its report",
+)
+async def callback(request: Request, caller: Annotated[Caller, Depends(verified_caller)]) -> CallbackAccepted:
+    service = _service(request)
+    body = await _read_capped(request, service.max_body_bytes)
+    try:
+        return await run_in_threadpool(service.process, caller, body)
+    except StoreUnavailable as exc:
+        log.error("store unavailable during a callback", extra={"error": str(exc)})
+        raise CallbackRejected(503, "store_unavailable", "the relay cannot store results right now; retry later") from None

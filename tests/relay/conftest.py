@@ -1,0 +1,157 @@
+"""Fixtures of the relay's tests: a fresh database per test (SQLite and PostgreSQL), the fake GitHub,
+backend descriptor folders, and a relay app served by uvicorn on loopback.
+
+PostgreSQL: tests connect to ``$RELAY_TEST_POSTGRES_URL`` (default
+``postgresql://relay:relay@127.0.0.1:5432/postgres``), a role allowed to CREATE DATABASE; each test
+gets its own database, dropped afterwards. When no server answers, the PostgreSQL variants are
+skipped with the reason (start one with ``pg_ctlcluster 15 main start``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.relay.helpers import RelayUnderTest, write_backend
+
+POSTGRES_ADMIN_URL = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
+_postgres_problem: list[str | None] = []
+
+
+def _postgres_unavailable() -> str | None:
+    if not _postgres_problem:
+        import psycopg
+
+        try:
+            with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            _postgres_problem.append(None)
+        except psycopg.Error as exc:
+            _postgres_problem.append(
+                f"no PostgreSQL at RELAY_TEST_POSTGRES_URL={POSTGRES_ADMIN_URL.split('@')[-1]} "
+                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                "start it with `pg_ctlcluster 15 main start` and create the role (see docs/readme/relay-part1.md)"
+            )
+    return _postgres_problem[0]
+
+
+_session_database: list[str] = []
+
+
+@contextlib.contextmanager
+def postgres_database():
+    """A fresh, empty PostgreSQL schema in this session's test database; yields a URL that uses it.
+
+    A schema per test isolates as well as a database per test (the relay names no schema: it follows
+    ``search_path``) and costs milliseconds instead of a CREATE DATABASE checkpoint.
+    """
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(POSTGRES_ADMIN_URL)
+    if not _session_database:
+        name = f"relay_test_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        _session_database.append(name)
+    database = _session_database[0]
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    url = admin.set(database=database)
+    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_test_database():
+    yield
+    if not _session_database:
+        return
+    import psycopg
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{_session_database[0]}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request, tmp_path: Path):
+    """Every store-touching test runs twice: on a SQLite file and on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'relay.db'}"
+        return
+    problem = _postgres_unavailable()
+    if problem:
+        pytest.skip(problem)
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """For tests of the HTTP layer only (signatures, headers), which do not depend on the database."""
+    return f"sqlite:///{tmp_path / 'relay.db'}"
+
+
+@pytest.fixture
+def postgres_url():
+    problem = _postgres_unavailable()
+    if problem:
+        pytest.skip(problem)
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def fake_github():
+    from relay.testing import FakeGitHub
+
+    with FakeGitHub() as fake:
+        yield fake
+
+
+@pytest.fixture
+def backends_dir(tmp_path: Path) -> Path:
+    """Four backends, one per trust level (l1..l4 -> org/l1-ci..org/l4-ci), plus one without a relay section."""
+    folder = tmp_path / "backends"
+    folder.mkdir()
+    for level in ("L1", "L2", "L3", "L4"):
+        write_backend(folder, level.lower(), f"org/{level.lower()}-ci", level)
+    write_backend(folder, "local", None, None)
+    return folder
+
+
+@pytest.fixture
+def relay_factory(fake_github, backends_dir: Path):
+    """relay_factory(database_url, **settings) -> a started RelayUnderTest (stopped at teardown)."""
+    started: list[RelayUnderTest] = []
+
+    def start(database_url: str, **overrides) -> RelayUnderTest:
+        relay = RelayUnderTest.start(database_url, fake_github, backends_dir, **overrides)
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def wait():
+    return wait_until
+

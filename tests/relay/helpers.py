@@ -1,0 +1,144 @@
+"""Helpers of the relay tests: signing, synthetic payloads, backend descriptors, a served relay app."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+PAYLOADS_DIR = Path(os.environ.get("RELAY_TEST_PAYLOADS_DIR") or Path(__file__).resolve().parents[3] / "shared" / "github-payloads")
+SECRET = "test-secret"
+UPSTREAM = "pytorch/pytorch"
+
+# Short timings so that retries, leases and polls happen within a test's second or two.
+FAST = dict(
+    dispatch_poll_seconds=0.05,
+    dispatch_backoff_base_seconds=0.05,
+    dispatch_backoff_max_seconds=0.2,
+    dispatch_lease_seconds=5.0,
+    github_timeout_seconds=2.0,
+    github_secondary_backoff_seconds=0.2,
+    github_content_requests_per_minute=0,
+)
+
+
+def sign(body: bytes, secret: str = SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def write_backend(folder: Path, name: str, repository: str | None, level: str | None, label: str | None = None) -> Path:
+    lines = [
+        f"name: {name}", "device_type: cpu", "detect: {accelerator: none}", "distributed_backend: gloo",
+        "capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
+        "symmetric_memory: false, put_signal: false, bf16: true}",
+    ]
+    if repository is not None:
+        relay = f"relay: {{repository: {repository}, level: {level}"
+        relay += f", label: '{label}'}}" if label else "}"
+        lines.append(relay)
+    path = folder / f"{name}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def pr_payload(action: str = "opened", *, number: int = 7, labels: tuple[str, ...] = (), label: str | None = None,
+               repository: str = UPSTREAM, head_sha: str = "a" * 40, body: str = "PR description",
+               updated_at: str = "2024-05-01T10:00:00Z") -> dict[str, Any]:
+    """A pull_request webhook with the fields GitHub sends that the relay reads (plus a body)."""
+    payload: dict[str, Any] = {
+        "action": action,
+        "number": number,
+        "pull_request": {
+            "number": number, "state": "open", "title": "Fix things", "body": body, "draft": False,
+            "html_url": f"https://github.com/{repository}/pull/{number}", "updated_at": updated_at,
+            "labels": [{"name": name, "color": "ededed"} for name in labels],
+            "head": {"sha": head_sha, "ref": "feature", "repo": {"full_name": "someone/fork"}},
+            "base": {"sha": "b" * 40, "ref": "main", "repo": {"full_name": repository}},
+        },
+        "repository": {"full_name": repository, "name": repository.split("/")[1]},
+        "sender": {"login": "octocat"},
+    }
+    if label is not None:
+        payload["label"] = {"name": label}
+    return payload
+
+
+def push_payload(*, repository: str = UPSTREAM, ref: str = "refs/heads/main", after: str = "c" * 40,
+                 deleted: bool = False) -> dict[str, Any]:
+    return {
+        "ref": ref, "before": "d" * 40, "after": after, "created": False, "deleted": deleted, "forced": False,
+        "base_ref": None, "commits": [], "repository": {"full_name": repository}, "sender": {"login": "octocat"},
+    }
+
+
+@dataclasses.dataclass
+class RelayUnderTest:
+    """A relay app served by uvicorn on 127.0.0.1 in this process (real HTTP), with its fake GitHub."""
+
+    app: Any
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+    fake: Any
+
+    @classmethod
+    def start(cls, database_url: str, fake, backends_dir: Path, **overrides) -> "RelayUnderTest":
+        from relay import create_app, load_settings
+
+        values = dict(
+            webhook_secrets=SECRET, upstream_repo=UPSTREAM, github_api_url=fake.url, github_token="test-token",
+            database_url=database_url, backends_dir=str(backends_dir), log_level="WARNING", **FAST,
+        )
+        values.update(overrides)
+        app = create_app(load_settings(**values))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+        thread = threading.Thread(target=server.run, name="relay-under-test", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the relay did not start")
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        return cls(app=app, server=server, thread=thread, url=f"http://127.0.0.1:{port}", fake=fake)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def store(self):
+        return self.app.state.store
+
+    def post(self, event: str, payload: dict | bytes, *, delivery: str | None = None, secret: str = SECRET,
+             headers: dict[str, str] | None = None) -> httpx.Response:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        sent = {
+            "X-GitHub-Event": event, "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+            "X-Hub-Signature-256": sign(body, secret), "Content-Type": "application/json",
+            "User-Agent": "GitHub-Hookshot/test",
+        }
+        sent.update(headers or {})
+        return httpx.post(f"{self.url}/github/webhook", content=body, headers={k: v for k, v in sent.items() if v is not None},
+                          timeout=30)
+
+    def wait_settled(self, timeout: float = 10.0) -> dict[str, int]:
+        """Wait until no dispatch is queued or sending; returns the outbox depth."""
+        deadline = time.monotonic() + timeout
+        while True:
+            depth = self.store.outbox_depth()
+            if depth["queued"] == 0 and depth["sending"] == 0:
+                return depth
+            if time.monotonic() > deadline:
+                raise AssertionError(f"outbox did not settle in {timeout}s: {depth}")
+            time.sleep(0.02)
