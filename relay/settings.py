@@ -107,6 +107,27 @@ class Settings(BaseSettings):
     dispatch_backoff_base_seconds: float = Field(5.0, gt=0)
     dispatch_backoff_max_seconds: float = Field(900.0, gt=0)
 
+    # --- results (part 2): callbacks, reporting, re-runs, sweeper, level review, dashboard
+    oidc_issuer: str = Field("https://token.actions.githubusercontent.com", description="OIDC issuer of callback tokens")
+    oidc_audience: str | None = Field(None, description="audience callback OIDC tokens must carry; unset: OIDC off")
+    oidc_jwks_url: str | None = Field(None, description="JWKS URL; default from the issuer's openid-configuration")
+    callback_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="callbacks larger than this get 413")
+    callback_rate_per_minute: float = Field(120.0, ge=0, description="callbacks per repository per minute; 0 = off")
+    callback_rate_burst: int = Field(60, ge=1)
+    dashboard_url: str = Field("http://127.0.0.1:8000", description="public base URL of the dashboard (details links)")
+    reporting_enabled: bool = True
+    label_poll_seconds: float = Field(5.0, gt=0)
+    sweeper_enabled: bool = True
+    sweep_interval_seconds: float = Field(60.0, gt=0)
+    run_start_timeout_seconds: float = Field(6 * 3600.0, gt=0, description="dispatched but never started -> timed_out")
+    run_timeout_seconds: float = Field(3 * 86400.0, gt=0, description="in progress longer than this -> timed_out")
+    nonce_ttl_hours: float = Field(7 * 24.0, gt=0, description="callbacks quoting an older dispatch's nonce get 410")
+    rerun_poll_seconds: float = Field(2.0, gt=0)
+    level_l2_success_rate: float = Field(0.70, ge=0, le=1)
+    level_l3_success_rate: float = Field(0.90, ge=0, le=1)
+    level_max_time_to_result_seconds: float = Field(3 * 3600.0, gt=0)
+    level_min_runs: int = Field(5, ge=1)
+
     # --- logs
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
@@ -129,7 +150,7 @@ class Settings(BaseSettings):
             raise ValueError("at least one secret is required")
         return value
 
-    @field_validator("github_api_url")
+    @field_validator("github_api_url", "oidc_issuer", "dashboard_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
