@@ -5,7 +5,10 @@ Triggered by ``relay serve`` (uvicorn) and by tests. Reads the settings and the 
 at shutdown stops the dispatcher (in-flight calls finish) and closes the store.
 
 Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
-``GET /metrics`` (:mod:`relay.observability`).
+``GET /metrics`` (:mod:`relay.observability`), ``POST /github/callback`` (:mod:`relay.callbacks`), the
+dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets).
+The results side's workers (reporting, sweeper, re-run watcher: :mod:`relay.results`) start and stop
+with the dispatcher.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from fastapi import FastAPI
 
 from conformance.descriptors import packaged_backends_dir
 
-from relay import intake, observability
+from relay import callbacks, dashboard, intake, observability, results
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.settings import Settings
@@ -31,7 +34,8 @@ log = logging.getLogger("relay.app")
 
 def create_app(settings: Settings, *, github: DispatchSender | None = None) -> FastAPI:
     """create_app(settings) -> FastAPI app; ``github`` replaces the GitHub client (tests, embedding)."""
-    allowlist = load_allowlist(settings.backends_dir or packaged_backends_dir())
+    backends_dir = settings.backends_dir or packaged_backends_dir()
+    allowlist = load_allowlist(backends_dir)
     store = Store(settings.database_url)
     metrics = observability.Metrics(store)
     github = github or GitHubClient.from_settings(settings)
@@ -44,11 +48,13 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
         )
         if app.state.dispatcher is not None:
             app.state.dispatcher.start()
+        app.state.results.start()
         log.info("relay started", extra={"upstream": settings.upstream_repo, "backends": [t.name for t in allowlist],
                                          "store": store.safe_url})
         try:
             yield
         finally:
+            app.state.results.stop()
             if app.state.dispatcher is not None:
                 app.state.dispatcher.stop()
             store.close()
@@ -63,8 +69,17 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     app.state.dispatcher = (
         Dispatcher.from_settings(settings, store, github, metrics) if settings.dispatcher_enabled else None
     )
+    app.state.results = results.build(
+        settings, backends_dir=backends_dir, allowlist=allowlist, store=store, github=github, metrics=metrics,
+        dispatcher=app.state.dispatcher,
+    )
+    app.state.callbacks = app.state.results.callbacks
     app.add_exception_handler(intake.WebhookRejected, intake.rejection_handler)
+    app.add_exception_handler(callbacks.CallbackRejected, callbacks.rejection_handler)
 
     app.include_router(intake.router)
     app.include_router(observability.router)
+    app.include_router(callbacks.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", dashboard.static_files(), name="static")
     return app

@@ -56,6 +56,19 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _levels_arguments(parser: argparse.ArgumentParser) -> None:
+    from relay.levels import _review_arguments
+
+    _review_arguments(parser)
+
+
+@subcommand("levels", "level review: weekly success rate and time to result, promotion/demotion advice", _levels_arguments)
+def levels(args: argparse.Namespace) -> int:
+    from relay.levels import levels_command
+
+    return levels_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relay", description="CI relay: upstream webhooks in, repository_dispatch out")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

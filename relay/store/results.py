@@ -101,7 +101,7 @@ class ResultsOperations:
 
     # --- sweeper --------------------------------------------------------------------------------
     @_guarded
-    def adopt_dispatches(self, since: dt.datetime) -> tuple[int, int]:
+    def adopt_dispatches(self, since: dt.datetime) -> tuple[list[int], list[int]]:
         with self._transaction() as session:
             return runs.adopt(session, utcnow(), since)
 

@@ -139,20 +139,22 @@ def _title(session: Session, delivery_id: str) -> str | None:
     return title[:500] if isinstance(title, str) else None
 
 
-def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[int, int]:
+def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[list[int], list[int]]:
     """Give every sent run-starting dispatch (sent after ``since``) its ``dispatched`` row; cancel the
-    open runs of PRs whose ``closed`` event was dispatched. Returns (adopted, cancelled)."""
+    open runs of PRs whose ``closed`` event was dispatched. Returns the ids of (adopted, cancelled) runs."""
     no_run = ~exists().where(RunRow.dispatch_id == Dispatch.id)
     candidates = session.scalars(
         select(Dispatch).where(Dispatch.state == DispatchState.sent, Dispatch.sent_at >= since, no_run)
         .order_by(Dispatch.id)
     ).all()
-    adopted = cancelled = 0
+    adopted: list[RunRow] = []
+    cancelled: list[RunRow] = []
     for dispatch in candidates:
         payload = dispatch.client_payload or {}
         if starts_a_run(payload):
-            session.add(_new_row(dispatch, _title(session, dispatch.delivery_id), dispatch.sent_at or now, now))
-            adopted += 1
+            row = _new_row(dispatch, _title(session, dispatch.delivery_id), dispatch.sent_at or now, now)
+            session.add(row)
+            adopted.append(row)
         elif payload.get("event") == "pull_request" and payload.get("action") == "closed":
             number = (payload.get("pull_request") or {}).get("number")
             open_runs = session.scalars(
@@ -164,10 +166,11 @@ def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[int, 
             ).all()
             for run in open_runs:
                 run.state, run.reason, run.finished_at, run.updated_at = (
-                    RunState.cancelled.value, "pull request closed", now, now,
+                    RunState.cancelled.value, "pull_request_closed", now, now,
                 )
-                cancelled += 1
-    return adopted, cancelled
+                cancelled.append(run)
+    session.flush()
+    return [r.id for r in adopted], [r.id for r in cancelled]
 
 
 def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, now: dt.datetime) -> RunRow:

@@ -1,0 +1,100 @@
+"""Backend page (``/backends/{name}``) and its API: run history, pass rate and queue/execution time
+charts, the current level, the level review's recommendation and the weekly history behind it.
+
+Reads runs and the level review; writes nothing. The charts are drawn in the browser by the vendored
+uPlot (``static/vendor``) from the same data the API returns.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+
+from relay.dashboard.rendering import DashboardContext, backend_or_404, context, iso, render
+from relay.levels import review, weekly_history
+
+router = APIRouter()
+
+
+class RunItem(BaseModel):
+    run: int
+    event: str
+    pr_number: int | None
+    title: str | None
+    head_sha: str
+    state: str
+    outcome: str
+    dispatched_at: str | None
+    queue_seconds: float | None
+    execution_seconds: float | None
+    passed: int | None
+    total: int | None
+    pass_rate: float | None
+    run_url: str | None
+
+
+class Week(BaseModel):
+    since: str
+    until: str
+    runs: int
+    success_rate: float | None
+    time_to_result_p50: float | None
+    time_to_result_max: float | None
+
+
+class BackendPage(BaseModel):
+    name: str
+    repository: str
+    level: str
+    label: str
+    recommendation: str
+    recommended_level: str
+    reason: str
+    weeks: list[Week]
+    runs: list[RunItem]
+
+
+def run_item(run) -> RunItem:
+    counts = (run.summary or {}).get("counts") or {}
+    total = counts.get("total")
+    passed = counts.get("passed")
+    considered = (total or 0) - (counts.get("skipped") or 0)
+    rate = None if not considered or passed is None else passed / considered
+    return RunItem(
+        run=run.id, event=run.event, pr_number=run.pr_number, title=run.title, head_sha=run.head_sha, state=run.state,
+        outcome=run.outcome, dispatched_at=iso(run.dispatched_at), queue_seconds=run.queue_seconds,
+        execution_seconds=run.execution_seconds, passed=passed, total=total, pass_rate=rate, run_url=run.run_url,
+    )
+
+
+def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
+    target = backend_or_404(ctx, name)
+    (rev,) = review(ctx.store, [(name, target.level.value)], bars=ctx.bars)
+    weeks = [
+        Week(since=iso(w.since), until=iso(w.until), runs=w.runs, success_rate=w.success_rate,
+             time_to_result_p50=w.time_to_result_p50, time_to_result_max=w.time_to_result_max)
+        for w in weekly_history(ctx.store, name, bars=ctx.bars)
+    ]
+    return BackendPage(
+        name=name, repository=target.repository, level=target.level.value, label=target.label,
+        recommendation=rev.recommendation, recommended_level=rev.recommended_level, reason=rev.reason, weeks=weeks,
+        runs=[run_item(r) for r in ctx.store.runs(backend=name, limit=limit)],
+    )
+
+
+@router.get("/api/backends/{name}", response_model=BackendPage, tags=["dashboard API"],
+            responses={404: {"description": "no such backend on the dashboard"}})
+def backend_api(name: str, ctx: Annotated[DashboardContext, Depends(context)],
+                limit: int = Query(100, ge=1, le=1000)) -> BackendPage:
+    """One backend: level, recommendation, weekly history, and its runs (newest first)."""
+    return build(ctx, name, limit)
+
+
+@router.get("/backends/{name}", response_class=HTMLResponse, include_in_schema=False)
+def backend_page(request: Request, name: str, ctx: Annotated[DashboardContext, Depends(context)]) -> HTMLResponse:
+    page = build(ctx, name, 100)
+    chart = [r.model_dump() for r in reversed(page.runs) if r.dispatched_at]
+    return render("backend.html", page=page, chart=chart, title=f"Backend {name}")

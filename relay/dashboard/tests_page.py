@@ -1,0 +1,108 @@
+"""Test pages: one conformance test's history across backends (``/tests/{test_id}``), and the list of
+tests failing now on each backend with the upstream commit they started failing at (``/failing``).
+
+Reads test results; writes nothing. "Failing since": walking a backend's results for a test oldest
+first, a streak of failed/error/xpassed results ends at a pass; the first commit of the streak still
+open at the newest result is where it started.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, Field
+
+from relay.dashboard.rendering import DashboardContext, context, iso, render
+from relay.store.base import utcnow
+from relay.store.test_results import FAILING_OUTCOMES
+
+router = APIRouter()
+
+
+class HistoryItem(BaseModel):
+    backend: str
+    run: int
+    pr_number: int | None
+    head_sha: str
+    outcome: str
+    duration: float
+    message: str
+    recorded_at: str | None
+
+
+class TestPage(BaseModel):
+    test_id: str
+    latest: dict[str, str]  # backend -> latest outcome
+    history: list[HistoryItem]
+
+
+class FailingNow(BaseModel):
+    backend: str
+    test_id: str
+    since_sha: str = Field(description="upstream commit of the first result of the current failing streak")
+    since_pr: int | None
+    since: str | None
+    last_run: int
+    failures_in_a_row: int
+    message: str
+
+
+def build_test(ctx: DashboardContext, test_id: str, limit: int) -> TestPage:
+    history = [h for h in ctx.store.test_history(test_id, limit) if h.backend in ctx.backends]
+    if not history:
+        raise HTTPException(404, f"no results for test {test_id!r}")
+    latest: dict[str, str] = {}
+    for item in history:
+        latest.setdefault(item.backend, item.outcome)
+    return TestPage(test_id=test_id, latest=latest, history=[
+        HistoryItem(backend=h.backend, run=h.run_pk, pr_number=h.pr_number, head_sha=h.head_sha, outcome=h.outcome,
+                    duration=h.duration, message=h.message, recorded_at=iso(h.recorded_at))
+        for h in history
+    ])
+
+
+def failing_now(ctx: DashboardContext, days: int, backend: str | None = None) -> list[FailingNow]:
+    streaks: dict[tuple[str, str], list] = {}
+    for res in ctx.store.test_results_since(utcnow() - dt.timedelta(days=days), backend):
+        if res.backend not in ctx.backends or res.outcome in ("skipped", "xfailed"):
+            continue
+        key = (res.backend, res.test_id)
+        if res.outcome in FAILING_OUTCOMES:
+            streaks.setdefault(key, []).append(res)
+        else:
+            streaks.pop(key, None)
+    out = [
+        FailingNow(backend=b, test_id=t, since_sha=s[0].head_sha, since_pr=s[0].pr_number, since=iso(s[0].recorded_at),
+                   last_run=s[-1].run_pk, failures_in_a_row=len(s), message=s[-1].message)
+        for (b, t), s in streaks.items()
+    ]
+    return sorted(out, key=lambda f: (f.backend, f.test_id))
+
+
+@router.get("/api/tests/failing", response_model=list[FailingNow], tags=["dashboard API"])
+def failing_api(ctx: Annotated[DashboardContext, Depends(context)], days: int = Query(30, ge=1, le=365),
+                backend: str | None = Query(None, max_length=100)) -> list[FailingNow]:
+    """Tests failing now, per backend, with the upstream commit (and PR) each started failing at."""
+    return failing_now(ctx, days, backend)
+
+
+@router.get("/api/tests/{test_id:path}", response_model=TestPage, tags=["dashboard API"],
+            responses={404: {"description": "no results for that test"}})
+def test_api(test_id: str, ctx: Annotated[DashboardContext, Depends(context)],
+             limit: int = Query(200, ge=1, le=2000)) -> TestPage:
+    """One conformance test (``<suite>::<name>``) across backends, newest first."""
+    return build_test(ctx, test_id, limit)
+
+
+@router.get("/failing", response_class=HTMLResponse, include_in_schema=False)
+def failing_page(request: Request, ctx: Annotated[DashboardContext, Depends(context)]) -> HTMLResponse:
+    return render("failing.html", failing=failing_now(ctx, 30), title="Failing tests")
+
+
+@router.get("/tests/{test_id:path}", response_class=HTMLResponse, include_in_schema=False)
+def test_page(request: Request, test_id: str, ctx: Annotated[DashboardContext, Depends(context)]) -> HTMLResponse:
+    page = build_test(ctx, test_id, 200)
+    return render("test.html", page=page, title=f"Test {test_id}")

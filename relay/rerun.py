@@ -1,0 +1,183 @@
+"""Re-runs: upstream asks for a backend's run again, and the relay dispatches it again.
+
+Triggered by the re-run watcher's poll (every ``RELAY_RERUN_POLL_SECONDS``) over the webhooks intake
+stored for the results side: ``check_run.rerequested`` (the "Re-run" button on one of our check runs),
+``check_suite.rerequested`` ("Re-run all checks": every backend with a run on that commit), and a PR
+comment ``/retest`` or ``/retest <backend>`` whose author's association is OWNER, MEMBER or
+COLLABORATOR. Anyone else's comment, or a request for something that is not ours, is ignored with a
+log line saying why. Reads the stored webhook and the runs it names; writes, in one transaction, a
+record of what the request did and the new outbox rows (same event, same commit, a fresh nonce), which
+the dispatcher then sends like any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from relay.store import NewDispatch
+from relay.store.base import utcnow
+from relay.store.deliveries import DeliveryView
+from relay.store.runs import RunView
+
+__all__ = ["RETEST_ASSOCIATIONS", "RerunDecision", "RerunWatcher", "decide_rerun", "parse_retest"]
+
+log = logging.getLogger("relay.rerun")
+
+RETEST_ASSOCIATIONS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
+CHECK_PREFIX = "crcr/"
+_RETEST = re.compile(r"^/retest(?:[ \t]+(?P<backend>[A-Za-z0-9_-]+))?[ \t]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class RerunDecision:
+    """Which runs to dispatch again (their backends), or why nothing."""
+
+    runs: tuple[RunView, ...] = ()
+    reason: str | None = None
+
+
+def parse_retest(body: str) -> tuple[bool, str | None]:
+    """parse_retest(comment body) -> (is a /retest command, backend or None for all). First line only."""
+    first = (body or "").strip().splitlines()[0] if (body or "").strip() else ""
+    match = _RETEST.match(first.strip())
+    return (False, None) if match is None else (True, match.group("backend"))
+
+
+def _latest_per_backend(runs: Iterable[RunView]) -> list[RunView]:
+    latest: dict[str, RunView] = {}
+    for run in runs:  # newest first
+        latest.setdefault(run.backend, run)
+    return sorted(latest.values(), key=lambda r: r.backend)
+
+
+def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, Any], upstream: str) -> RerunDecision:
+    """decide_rerun(event, webhook payload, store, allowlisted backends by name, upstream repo)."""
+    action = payload.get("action")
+    if event == "check_run":
+        if action != "rerequested":
+            return RerunDecision(reason=f"check_run.{action} asks for nothing")
+        check = payload.get("check_run") or {}
+        name = str(check.get("name") or "")
+        if not name.startswith(CHECK_PREFIX):
+            return RerunDecision(reason=f"check run {name!r} is not one of the relay's (crcr/<backend>)")
+        run = None
+        external = str(check.get("external_id") or "")
+        if external.isdigit():
+            run = store.run(int(external))
+        if run is None:
+            candidates = store.runs(backend=name[len(CHECK_PREFIX):], head_sha=str(check.get("head_sha") or ""), limit=1)
+            run = candidates[0] if candidates else None
+        if run is None:
+            return RerunDecision(reason=f"no run of {name!r} is known for that check run")
+        return RerunDecision(runs=(run,))
+    if event == "check_suite":
+        if action != "rerequested":
+            return RerunDecision(reason=f"check_suite.{action} asks for nothing")
+        head_sha = str((payload.get("check_suite") or {}).get("head_sha") or "")
+        runs = _latest_per_backend(store.runs(upstream_repository=upstream, head_sha=head_sha))
+        if not runs:
+            return RerunDecision(reason=f"no backend ran on {head_sha[:12]}")
+        return RerunDecision(runs=tuple(runs))
+    if event == "issue_comment":
+        if action != "created":
+            return RerunDecision(reason=f"issue_comment.{action} is not a new comment")
+        comment = payload.get("comment") or {}
+        is_retest, backend = parse_retest(str(comment.get("body") or ""))
+        if not is_retest:
+            return RerunDecision(reason="the comment is not a /retest command")
+        issue = payload.get("issue") or {}
+        if not issue.get("pull_request"):
+            return RerunDecision(reason="/retest on an issue, not a pull request")
+        author = (comment.get("user") or {}).get("login")
+        association = comment.get("author_association")
+        if association not in RETEST_ASSOCIATIONS:
+            return RerunDecision(reason=f"/retest by {author} ({association}) ignored: only OWNER, MEMBER or COLLABORATOR may ask")
+        if backend is not None and backend not in backends:
+            return RerunDecision(reason=f"/retest {backend}: no such backend; known: {', '.join(sorted(backends))}")
+        number = issue.get("number")
+        pr = store.pull_request(upstream, number) if isinstance(number, int) else None
+        runs = store.runs(upstream_repository=upstream, pr_number=number, backend=backend,
+                          head_sha=pr.head_sha if pr is not None else None)
+        runs = _latest_per_backend(runs)
+        if not runs:
+            who = f"backend {backend}" if backend else "any backend"
+            return RerunDecision(reason=f"/retest: {who} has no run on PR #{number} to repeat")
+        return RerunDecision(runs=tuple(runs))
+    return RerunDecision(reason=f"{event} is not a re-run request")
+
+
+class RerunWatcher:
+    """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
+
+    def __init__(self, store, backends: Mapping[str, Any], *, upstream: str, poll_seconds: float = 2.0,
+                 adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None):
+        self.store = store
+        self.backends = dict(backends)
+        self.upstream = upstream
+        self.poll_seconds = poll_seconds
+        self.adopt_window = dt.timedelta(seconds=adopt_window_seconds)
+        self.on_dispatched = on_dispatched  # e.g. the dispatcher's wake()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def handle(self, delivery: DeliveryView) -> tuple[str, str | None, list[str]]:
+        try:
+            payload = json.loads(delivery.payload or "{}")
+        except json.JSONDecodeError:
+            payload = {}
+        # Adopt first, so a dispatch sent moments ago already has its run record to repeat.
+        self.store.adopt_dispatches(since=utcnow() - self.adopt_window)
+        decision = decide_rerun(delivery.event, payload, self.store, self.backends, self.upstream)
+        new = []
+        for run in decision.runs:
+            base = self.store.dispatch_payload(run.dispatch_id)
+            target = self.backends.get(run.backend)
+            if base is None or target is None:
+                continue
+            nonce = secrets.token_urlsafe(24)
+            body = {**base, "nonce": nonce, "delivery": delivery.delivery_id}
+            new.append(NewDispatch(backend=run.backend, repository=target.repository, event_type=run.event,
+                                   client_payload=body, nonce=nonce))
+        outcome = "dispatched" if new else "ignored"
+        reason = decision.reason if not new else None
+        if self.store.record_rerun(delivery.delivery_id, outcome=outcome, reason=reason, new_dispatches=new):
+            if new:
+                log.info("re-run dispatched", extra={"delivery": delivery.delivery_id, "event": delivery.event,
+                                                     "backends": [d.backend for d in new]})
+                if self.on_dispatched is not None:
+                    self.on_dispatched()
+            else:
+                log.info("re-run request ignored", extra={"delivery": delivery.delivery_id, "event": delivery.event,
+                                                          "reason": reason})
+        return outcome, reason, [d.backend for d in new]
+
+    def poll_once(self) -> int:
+        pending = self.store.unhandled_rerun_requests()
+        for delivery in pending:
+            self.handle(delivery)
+        return len(pending)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="relay-reruns", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:
+                log.exception("re-run poll failed")
+            self._stop.wait(self.poll_seconds)

@@ -1,0 +1,81 @@
+"""The results side, assembled: callback service, upstream reporter, sweeper and re-run watcher.
+
+Triggered by :func:`relay.app.create_app` (``build``) and the app's lifespan (``start``/``stop``).
+Reads the settings and the backend descriptors (callback tokens, levels, labels); writes nothing
+itself. The parts talk through store rows (Prow style): callbacks and the sweeper change runs and
+hand their ids to the reporting worker; the re-run watcher writes outbox rows and wakes the
+dispatcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from relay.callbacks import CallbackService, RateLimiter
+from relay.oidc import CallerAuth, JwksCache, OidcVerifier, load_callback_targets
+from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker, ReportTarget
+from relay.rerun import RerunWatcher
+from relay.sweeper import Sweeper
+
+__all__ = ["ResultsSide", "build"]
+
+log = logging.getLogger("relay.results")
+
+
+@dataclasses.dataclass
+class ResultsSide:
+    callbacks: CallbackService
+    reporter: Reporter | None
+    reporting: ReportingWorker | None
+    sweeper: Sweeper | None
+    reruns: RerunWatcher
+
+    def start(self) -> None:
+        for part in (self.reporting, self.sweeper, self.reruns):
+            if part is not None:
+                part.start()
+
+    def stop(self) -> None:
+        for part in (self.reruns, self.sweeper, self.reporting):
+            if part is not None:
+                part.stop()
+
+    def run_changed(self, run_pk: int) -> None:
+        if self.reporting is not None:
+            self.reporting.submit(run_pk)
+
+
+def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metrics, dispatcher=None) -> ResultsSide:
+    verifier = None
+    if settings.oidc_audience:
+        jwks = JwksCache(settings.oidc_issuer, jwks_url=settings.oidc_jwks_url, timeout=settings.github_timeout_seconds)
+        verifier = OidcVerifier(settings.oidc_issuer, settings.oidc_audience, jwks)
+    else:
+        log.warning("RELAY_OIDC_AUDIENCE is unset: OIDC callbacks are refused; only static callback tokens work")
+    auth = CallerAuth(load_callback_targets(backends_dir), verifier)
+    limiter = RateLimiter(settings.callback_rate_per_minute, settings.callback_rate_burst)
+    callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes)
+    reporter = reporting = None
+    if settings.reporting_enabled:
+        targets = {t.name: ReportTarget(t.name, t.level, t.label) for t in allowlist}
+        reporter = Reporter(store, github, targets, mode=CHECK_RUN if settings.uses_github_app else STATUS,
+                            dashboard_url=settings.dashboard_url)
+        reporting = ReportingWorker(reporter, label_poll_seconds=settings.label_poll_seconds)
+    side = ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=None, reruns=None)  # type: ignore[arg-type]
+    callbacks.on_run_changed = side.run_changed
+    if settings.sweeper_enabled:
+        side.sweeper = Sweeper(
+            store, start_timeout_seconds=settings.run_start_timeout_seconds,
+            run_timeout_seconds=settings.run_timeout_seconds, nonce_ttl_seconds=settings.nonce_ttl_hours * 3600,
+            interval_seconds=settings.sweep_interval_seconds, on_run_changed=side.run_changed,
+            registry=metrics.registry,
+        )
+    side.reruns = RerunWatcher(
+        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, poll_seconds=settings.rerun_poll_seconds,
+        adopt_window_seconds=settings.nonce_ttl_hours * 3600,
+        on_dispatched=dispatcher.wake if dispatcher is not None else None,
+    )
+    return side

@@ -1,0 +1,102 @@
+"""The sweeper: a periodic pass that keeps the run records honest when callbacks never come.
+
+Triggered every ``RELAY_SWEEP_INTERVAL_SECONDS`` by its own thread (started with the app), or once
+by ``relay sweep``. Reads dispatches and runs; writes runs (through :mod:`relay.store`) and hands every
+run it changed to reporting, so an upstream check stuck at "in progress" gets its final state.
+Each action has a named reason, logged and counted (``relay_sweeper_actions_total{reason}``):
+
+* ``adopted``: a sent dispatch that starts a run gets its ``dispatched`` run record;
+* ``pull_request_closed``: a dispatched ``closed`` event cancels that PR's open runs of the backend;
+* ``never_started``: dispatched, but no ``in_progress`` within ``RELAY_RUN_START_TIMEOUT_SECONDS``
+  -> ``timed_out``;
+* ``ran_too_long``: ``in_progress`` for longer than ``RELAY_RUN_TIMEOUT_SECONDS`` (default 3 days)
+  -> ``timed_out``;
+* ``nonce_expired``: nonces of dispatches sent more than ``RELAY_NONCE_TTL_HOURS`` ago are refused
+  from then on.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter
+
+from relay.store.base import utcnow
+
+__all__ = ["REASONS", "Sweeper"]
+
+log = logging.getLogger("relay.sweeper")
+
+REASONS = ("adopted", "pull_request_closed", "never_started", "ran_too_long", "nonce_expired")
+
+
+class Sweeper:
+    """Sweeper(store, start_timeout_s, run_timeout_s, nonce_ttl_s, on_run_changed=None, registry=None)."""
+
+    def __init__(
+        self, store, *, start_timeout_seconds: float, run_timeout_seconds: float, nonce_ttl_seconds: float,
+        interval_seconds: float = 60.0, on_run_changed: Callable[[int], None] | None = None,
+        registry: CollectorRegistry | None = None, clock: Callable[[], dt.datetime] = utcnow,
+    ):
+        self.store = store
+        self.start_timeout = dt.timedelta(seconds=start_timeout_seconds)
+        self.run_timeout = dt.timedelta(seconds=run_timeout_seconds)
+        self.nonce_ttl = dt.timedelta(seconds=nonce_ttl_seconds)
+        self.interval = interval_seconds
+        self.on_run_changed = on_run_changed
+        self.clock = clock
+        self.totals: collections.Counter[str] = collections.Counter()
+        self._counter = Counter(
+            "relay_sweeper_actions", "sweeper actions, by reason", ["reason"],
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sweep_once(self) -> dict[str, int]:
+        """One pass; returns the count of each reason (every reason present, zeros included)."""
+        now = self.clock()
+        counts = dict.fromkeys(REASONS, 0)
+        changed: list[int] = []
+        adopted, cancelled = self.store.adopt_dispatches(since=now - self.nonce_ttl)
+        counts["adopted"], counts["pull_request_closed"] = len(adopted), len(cancelled)
+        changed += adopted + cancelled
+        for run, reason in self.store.time_out_runs(
+            unstarted_before=now - self.start_timeout, running_before=now - self.run_timeout,
+        ):
+            counts[reason] += 1
+            changed.append(run.id)
+            log.info("run timed out", extra={"run": run.id, "backend": run.backend, "reason": reason,
+                                             "delivery": run.delivery_id})
+        counts["nonce_expired"] = self.store.expire_nonces(sent_before=now - self.nonce_ttl)
+        for reason, count in counts.items():
+            if count:
+                self._counter.labels(reason=reason).inc(count)
+                self.totals[reason] += count
+        if any(counts.values()):
+            log.info("sweep", extra={"counts": counts})
+        if self.on_run_changed is not None:
+            for run_pk in changed:
+                self.on_run_changed(run_pk)
+        return counts
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="relay-sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sweep_once()
+            except Exception:
+                log.exception("sweep failed; next pass in %.0f s", self.interval)
+            self._stop.wait(self.interval)
