@@ -1,0 +1,117 @@
+"""A fake OIDC issuer on 127.0.0.1 that mints GitHub-Actions-like tokens, for callback tests.
+
+Started by a test (``with FakeOidcIssuer() as issuer: ...``); serves
+``/.well-known/openid-configuration`` and ``/.well-known/jwks`` over real HTTP, so the relay's JWKS
+cache fetches keys exactly as from ``token.actions.githubusercontent.com`` (point
+``RELAY_OIDC_ISSUER`` at ``issuer.url``). ``mint(repository, audience)`` signs an RS256 token with the
+claims GitHub sets (repository, run_id, run_attempt, ...); keyword arguments override or add claims,
+``kid``/``key``/``algorithm`` forge bad ones, ``omit`` drops claims. ``rotate()`` publishes a new key (old ones stay served).
+``jwks_requests`` counts key fetches.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+__all__ = ["FakeOidcIssuer", "new_rsa_key"]
+
+
+def new_rsa_key():
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+class FakeOidcIssuer:
+    def __init__(self):
+        self.keys: dict[str, Any] = {}
+        self.current_kid = ""
+        self.jwks_requests = 0
+        self._server: ThreadingHTTPServer | None = None
+        self.rotate()
+
+    def rotate(self) -> str:
+        """Publish a new signing key and sign with it from now on; returns its key id."""
+        kid = uuid.uuid4().hex[:16]
+        self.keys[kid] = new_rsa_key()
+        self.current_kid = kid
+        return kid
+
+    def jwks(self) -> dict[str, Any]:
+        keys = []
+        for kid, key in self.keys.items():
+            jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+            keys.append({**jwk, "kid": kid, "use": "sig", "alg": "RS256"})
+        return {"keys": keys}
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the issuer first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def mint(self, repository: str, audience: str, *, run_id: int = 1001, run_attempt: int = 1,
+             lifetime: float = 300, now: float | None = None, kid: str | None = None, key=None,
+             algorithm: str = "RS256", issuer: str | None = None, omit: tuple[str, ...] = (), **claims: Any) -> str:
+        now = time.time() if now is None else now
+        body = {
+            "iss": issuer or self.url, "aud": audience, "sub": f"repo:{repository}:ref:refs/heads/main",
+            "repository": repository, "repository_owner": repository.split("/")[0], "run_id": str(run_id),
+            "run_attempt": str(run_attempt), "workflow": "conformance", "event_name": "repository_dispatch",
+            "iat": int(now), "nbf": int(now) - 5, "exp": int(now + lifetime), "jti": uuid.uuid4().hex,
+        }
+        body.update(claims)
+        body = {k: v for k, v in body.items() if k not in omit}
+        kid = kid or self.current_kid
+        if algorithm == "none":
+            return jwt.encode(body, None, algorithm="none", headers={"kid": kid})
+        if algorithm.startswith("HS"):
+            return jwt.encode(body, key or "a-shared-secret-" * 4, algorithm=algorithm, headers={"kid": kid})
+        return jwt.encode(body, key or self.keys[self.current_kid], algorithm=algorithm, headers={"kid": kid})
+
+    def start(self) -> "FakeOidcIssuer":
+        issuer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/.well-known/openid-configuration":
+                    body = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/.well-known/jwks"}
+                elif self.path == "/.well-known/jwks":
+                    issuer.jwks_requests += 1
+                    body = issuer.jwks()
+                else:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "FakeOidcIssuer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,44 @@
+"""Fixtures of the results-side tests (imported by those test modules; the shared ones stay in conftest):
+a fake OIDC issuer, backends with callback tokens, and a served relay with OIDC, reporting and fast polls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.relay.helpers import RelayUnderTest
+from tests.relay.results_support import AUDIENCE, Driver, write_backends
+
+
+@pytest.fixture
+def oidc_issuer():
+    from relay.testing.oidc_issuer import FakeOidcIssuer
+
+    with FakeOidcIssuer() as issuer:
+        yield issuer
+
+
+@pytest.fixture
+def results_backends(tmp_path: Path) -> Path:
+    return write_backends(tmp_path / "results-backends")
+
+
+@pytest.fixture
+def results_relay(fake_github, oidc_issuer, results_backends):
+    """results_relay(database_url, **settings) -> (RelayUnderTest, Driver); the sweeper is off (tests sweep by hand)."""
+    started: list[RelayUnderTest] = []
+
+    def start(database_url: str, **overrides):
+        values = dict(
+            oidc_issuer=oidc_issuer.url, oidc_audience=AUDIENCE, sweeper_enabled=False, label_poll_seconds=0.05,
+            rerun_poll_seconds=0.05, dashboard_url="http://dashboard.test",
+        )
+        values.update(overrides)
+        relay = RelayUnderTest.start(database_url, fake_github, results_backends, **values)
+        started.append(relay)
+        return relay, Driver(relay)
+
+    yield start
+    for relay in started:
+        relay.stop()
