@@ -314,6 +314,7 @@ class FakeGitHub:
             "repository_selection": "selected", "target_type": "Organization", "permissions": {},
             "events": [], "created_at": "2024-01-01T00:00:00Z", "updated_at": "2024-01-01T00:00:00Z",
             "single_file_name": None, "target_id": 1, "html_url": f"{self.url}/installations/{installation_id}",
+            "repositories_url": f"{self.url}/installation/repositories",
         }
 
     def _on_access_tokens(self, params, repo, body):
