@@ -1,0 +1,160 @@
+"""Upstream reporting against the fake GitHub over real HTTP: check runs with GitHub App auth, commit
+statuses with a token; L2 never shown, L3 only with its label (added before the dispatch, during the
+run, after the run), L3 failures neutral, L4 real conclusions; states already reported are skipped;
+permanent GitHub errors are recorded, not retried."""
+
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from relay.testing.oidc_issuer import new_rsa_key
+from tests.relay.helpers import UPSTREAM
+from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
+from tests.relay.results_support import REPOS
+
+LABEL = "ciflow/crcr/l3"
+
+
+@pytest.fixture
+def app_mode(fake_github, tmp_path: Path):
+    """GitHub App credentials the fake accepts, installed on upstream and every downstream repository."""
+    key = new_rsa_key()
+    pem = tmp_path / "app.pem"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    fake_github.app_id = "4242"
+    fake_github.app_public_key_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    for repo in (UPSTREAM, *REPOS.values()):
+        fake_github.install_app(repo)
+    return dict(github_token=None, github_app_id="4242", github_private_key_file=str(pem))
+
+
+def checks(fake, name):
+    return sorted((c for c in fake.check_runs.values() if c["name"] == name), key=lambda c: c["id"])
+
+
+def statuses(fake, context):
+    return [s for s in fake.statuses if s["context"] == context]
+
+
+def settle(relay):
+    assert relay.app.state.results.reporting.wait_idle(10)
+
+
+def test_check_runs_l4_real_conclusion_l3_neutral_l2_nothing(database_url, results_relay, app_mode, wait):  # noqa: F811
+    relay, drive = results_relay(database_url, **app_mode)
+    delivery = drive.open_pr(21, labels=(LABEL,))
+    for backend in ("l2", "l3", "l4"):
+        nonce = drive.nonce(backend, delivery)
+        assert drive.start(backend, nonce).status_code == 200
+        settle(relay)
+        assert drive.complete(backend, nonce, "failure").status_code == 200
+    settle(relay)
+    fake = relay.fake
+    assert checks(fake, "crcr/l2") == []
+    (l4,) = checks(fake, "crcr/l4")
+    assert (l4["status"], l4["conclusion"], l4["head_sha"]) == ("completed", "failure", "a" * 40)
+    run_id = int(l4["external_id"])
+    assert l4["details_url"] == f"http://dashboard.test/runs/{run_id}"
+    summary = l4["output"]["summary"]
+    assert "| collectives | 1 | 1 |" in summary and "collectives::test_broadcast" in summary
+    assert "AssertionError: rank 1 got 0" in summary
+    (l3,) = checks(fake, "crcr/l3")
+    assert (l3["status"], l3["conclusion"]) == ("completed", "neutral")
+    assert "collectives::test_broadcast" in l3["output"]["summary"]
+    # in_progress was reported first (a create), completion updated the same check run (a PATCH)
+    methods = [(r.method, r.endpoint) for r in fake.requests if r.endpoint in ("check_runs", "check_run")]
+    assert methods.count(("POST", "check_runs")) == 2 and methods.count(("PATCH", "check_run")) == 2
+
+
+def test_states_already_reported_are_skipped(database_url, results_relay, app_mode):  # noqa: F811
+    relay, drive = results_relay(database_url, **app_mode)
+    nonce = drive.nonce("l4", drive.open_pr(22))
+    drive.start("l4", nonce)
+    drive.complete("l4", nonce, "success")
+    settle(relay)
+    before = len(relay.fake.requests)
+    (run,) = relay.store.runs(backend="l4", pr_number=22)
+    assert relay.app.state.results.reporter.report_run(run.id) == "unchanged"
+    assert len(relay.fake.requests) == before
+    assert relay.store.reported_state(run.id, "check_run").state == "completed:success"
+
+
+@pytest.mark.parametrize("mode", ["app", "token"])
+@pytest.mark.parametrize("timing", ["before_dispatch", "during_run", "after_run"])
+def test_l3_label_timings_all_end_with_the_check(database_url, results_relay, app_mode, wait, timing, mode):  # noqa: F811
+    relay, drive = results_relay(database_url, **(app_mode if mode == "app" else {}))
+    fake = relay.fake
+    shown = (lambda: checks(fake, "crcr/l3")) if mode == "app" else (lambda: statuses(fake, "crcr/l3"))
+    delivery = drive.open_pr(23, labels=(LABEL,) if timing == "before_dispatch" else ())
+    nonce = drive.nonce("l3", delivery)
+
+    def add_label():
+        drive.open_pr(23, action="labeled", label=LABEL, labels=(LABEL,), updated_at="2024-05-01T11:00:00Z")
+
+    assert drive.start("l3", nonce).status_code == 200
+    settle(relay)
+    if timing == "during_run":
+        assert shown() == []
+        add_label()
+        wait(shown, what="the check to appear when the label is added during the run")
+    assert drive.complete("l3", nonce, "failure").status_code == 200
+    settle(relay)
+    if timing == "after_run":
+        assert shown() == []
+        add_label()
+        wait(shown, what="the check to appear when the label is added after the run")
+    if mode == "app":
+        final = wait(lambda: [c for c in shown() if c["status"] == "completed"], what="a completed check")
+        assert final[-1]["conclusion"] == "neutral" and final[-1]["head_sha"] == "a" * 40
+    else:
+        final = wait(lambda: [s for s in shown() if s["state"] != "pending"], what="a final status")
+        assert final[-1]["state"] == "success"
+        assert final[-1]["description"].startswith("neutral (non-blocking)")
+
+
+def test_commit_statuses_with_a_token(database_url, results_relay):  # noqa: F811
+    relay, drive = results_relay(database_url)
+    delivery = drive.open_pr(24)
+    long_failure = [("conformance/suites/test_collectives.py::test_" + "x" * 150, "failed", "boom")]
+    nonce = drive.nonce("l4", delivery)
+    drive.start("l4", nonce)
+    settle(relay)
+    from tests.relay.results_support import report
+
+    drive.complete("l4", nonce, "failure", report_body=report("l4", long_failure))
+    settle(relay)
+    sent = statuses(relay.fake, "crcr/l4")
+    assert [s["state"] for s in sent] == ["pending", "failure"]
+    assert all(len(s["description"]) <= 140 for s in sent)
+    assert sent[-1]["description"].startswith("0 passed, 1 failed; first: collectives::test_xxx")
+    assert sent[-1]["target_url"].startswith("http://dashboard.test/runs/")
+    assert relay.fake.check_runs == {}
+    assert statuses(relay.fake, "crcr/l2") == [] and statuses(relay.fake, "crcr/l3") == []
+
+
+def test_permanent_github_error_is_recorded_not_retried(database_url, results_relay):  # noqa: F811
+    from relay.testing import Fault
+
+    relay, drive = results_relay(database_url)
+    nonce = drive.nonce("l4", drive.open_pr(25))
+    relay.fake.script(Fault.unprocessable("No commit found for SHA"), endpoint="statuses")
+    drive.start("l4", nonce)
+    settle(relay)
+    (run,) = relay.store.runs(backend="l4", pr_number=25)
+    state = relay.store.reported_state(run.id, "status")
+    assert state.state == "in_progress" and "No commit found for SHA" in state.last_error
+    assert len([r for r in relay.fake.requests if r.endpoint == "statuses"]) == 1
+
+
+def test_retryable_github_error_is_retried(database_url, results_relay, wait):  # noqa: F811
+    from relay.testing import Fault
+
+    relay, drive = results_relay(database_url)
+    nonce = drive.nonce("l4", drive.open_pr(26))
+    relay.fake.script(Fault.rate_limited(retry_after=0), endpoint="statuses")
+    drive.start("l4", nonce)
+    wait(lambda: statuses(relay.fake, "crcr/l4"), what="the status after the rate limit")
+    assert [r.answered for r in relay.fake.requests if r.endpoint == "statuses"][:2] == [429, 201]
