@@ -2,7 +2,7 @@
 
 Triggered by the re-run watcher's poll (every ``RELAY_RERUN_POLL_SECONDS``) over the webhooks intake
 stored for the results side: ``check_run.rerequested`` (the "Re-run" button on one of our check runs),
-``check_suite.rerequested`` ("Re-run all checks": every backend with a run on that commit), and a PR
+``check_suite.rerequested`` ("Re-run all checks": every backend with a check run on that commit), and a PR
 comment ``/retest`` or ``/retest <backend>`` whose author's association is OWNER, MEMBER or
 COLLABORATOR. Anyone else's comment, or a request for something that is not ours, is ignored with a
 log line saying why. Reads the stored webhook and the runs it names; writes, in one transaction, a
@@ -83,8 +83,11 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
             return RerunDecision(reason=f"check_suite.{action} asks for nothing")
         head_sha = str((payload.get("check_suite") or {}).get("head_sha") or "")
         runs = _latest_per_backend(store.runs(upstream_repository=upstream, head_sha=head_sha))
+        # The suite holds only the check runs the relay reported: re-run those backends, not every one.
+        checked = {s.run_pk for s in store.reported_states([r.id for r in runs]) if s.target == "check_run"}
+        runs = [r for r in runs if r.id in checked]
         if not runs:
-            return RerunDecision(reason=f"no backend ran on {head_sha[:12]}")
+            return RerunDecision(reason=f"none of the relay's check runs is on {head_sha[:12]}")
         return RerunDecision(runs=tuple(runs))
     if event == "issue_comment":
         if action != "created":

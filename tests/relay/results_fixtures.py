@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
-from tests.relay.helpers import RelayUnderTest
-from tests.relay.results_support import AUDIENCE, Driver, write_backends
+from tests.relay.helpers import UPSTREAM, RelayUnderTest
+from tests.relay.results_support import AUDIENCE, REPOS, Driver, write_backends
 
 
 @pytest.fixture
@@ -42,3 +43,20 @@ def results_relay(fake_github, oidc_issuer, results_backends):
     yield start
     for relay in started:
         relay.stop()
+
+
+@pytest.fixture
+def app_mode(fake_github, tmp_path: Path):
+    """GitHub App credentials the fake accepts, installed on upstream and every downstream repository."""
+    from relay.testing.oidc_issuer import new_rsa_key
+
+    key = new_rsa_key()
+    pem = tmp_path / "app.pem"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    fake_github.app_id = "4242"
+    fake_github.app_public_key_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    for repo in (UPSTREAM, *REPOS.values()):
+        fake_github.install_app(repo)
+    return dict(github_token=None, github_app_id="4242", github_private_key_file=str(pem))

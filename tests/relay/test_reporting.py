@@ -3,32 +3,13 @@ statuses with a token; L2 never shown, L3 only with its label (added before the 
 run, after the run), L3 failures neutral, L4 real conclusions; states already reported are skipped;
 permanent GitHub errors are recorded, not retried."""
 
-from pathlib import Path
-
 import pytest
-from cryptography.hazmat.primitives import serialization
 
-from relay.testing.oidc_issuer import new_rsa_key
 from tests.relay.helpers import UPSTREAM
-from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
+from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS
 
 LABEL = "ciflow/crcr/l3"
-
-
-@pytest.fixture
-def app_mode(fake_github, tmp_path: Path):
-    """GitHub App credentials the fake accepts, installed on upstream and every downstream repository."""
-    key = new_rsa_key()
-    pem = tmp_path / "app.pem"
-    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))
-    fake_github.app_id = "4242"
-    fake_github.app_public_key_pem = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    for repo in (UPSTREAM, *REPOS.values()):
-        fake_github.install_app(repo)
-    return dict(github_token=None, github_app_id="4242", github_private_key_file=str(pem))
 
 
 def checks(fake, name):
