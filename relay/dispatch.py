@@ -93,7 +93,7 @@ class Dispatcher:
         store: Store,
         github: DispatchSender,
         *,
-        concurrency: int = 32,
+        concurrency: int = 64,
         poll_seconds: float = 1.0,
         lease_seconds: float = 60.0,
         max_attempts: int = 8,

@@ -120,6 +120,7 @@ class RecordedRequest:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # the default (5) drops bursts of connections into 1 s SYN retries
 
 
 class FakeGitHub:
