@@ -100,7 +100,7 @@ class Settings(BaseSettings):
 
     # --- dispatch
     dispatcher_enabled: bool = True
-    dispatch_concurrency: int = Field(32, ge=1, le=512)
+    dispatch_concurrency: int = Field(64, ge=1, le=512)
     dispatch_poll_seconds: float = Field(1.0, gt=0)
     dispatch_lease_seconds: float = Field(60.0, gt=0)
     dispatch_max_attempts: int = Field(8, ge=1)
