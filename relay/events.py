@@ -60,6 +60,7 @@ class PullRequestInfo:
     html_url: str
     draft: bool
     updated_at: str
+    title: str = ""  # shown on the dashboard (as text: it is untrusted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,7 @@ class UpstreamEvent:
         }
         if self.pull_request is not None:
             data["pull_request"] = self.pull_request.number
+            data["title"] = self.pull_request.title
         return {k: v for k, v in data.items() if v is not None}
 
 
@@ -137,6 +139,7 @@ def normalise(event: str, delivery: str, payload: dict[str, Any]) -> UpstreamEve
             html_url=_cut(_get(payload, "pull_request.html_url", optional=True)) or "",
             draft=bool(pr.get("draft", False)),
             updated_at=_get(payload, "pull_request.updated_at", optional=True) or "",
+            title=_cut(_get(payload, "pull_request.title", optional=True)) or "",
         )
         changed = _cut(_get(payload, "label.name", optional=True)) if action in ("labeled", "unlabeled") else None
         if action in ("labeled", "unlabeled") and changed is None:
