@@ -1,0 +1,213 @@
+"""Benchmark: signed pull_request webhooks against ``relay serve`` on loopback, 32 concurrent clients.
+
+Three servers, each a separate process on the same uvicorn settings, in the same run:
+* ``bare``: a FastAPI endpoint that reads the body and answers 202 (the baseline);
+* ``relay-sqlite``: ``relay serve`` with its default SQLite store;
+* ``relay-postgresql``: ``relay serve`` on PostgreSQL ($RELAY_TEST_POSTGRES_URL; skipped if unreachable).
+Every request carries a ~28 KB pull_request body with a new delivery id, so the relay verifies, parses,
+routes to 4 backends and commits 1 delivery + 4 outbox rows per request; its dispatcher sends them to a
+fake GitHub meanwhile. Reports throughput and p50/p99 latency per server.
+
+    python bench/relay_intake.py [--seconds 4] [--clients 32]
+
+Ends with one JSON line; ratio = relay-sqlite throughput / bare throughput (higher is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SECRET = "bench-secret"
+PAYLOAD = ROOT.parent / "shared" / "github-payloads" / "pull_request__opened.payload.json"
+
+BARE_APP = '''
+import sys, uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+app = FastAPI()
+@app.post("/github/webhook")
+async def hook(request: Request):
+    await request.body()
+    return JSONResponse({"status": "queued"}, status_code=202)
+@app.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+'''
+
+
+def _body() -> bytes:
+    if PAYLOAD.is_file():
+        payload = json.loads(PAYLOAD.read_text())
+        payload["repository"]["full_name"] = "pytorch/pytorch"
+    else:  # a synthetic body of the same size
+        payload = {"action": "opened", "number": 1, "repository": {"full_name": "pytorch/pytorch"},
+                   "sender": {"login": "bench"},
+                   "pull_request": {"number": 1, "state": "open", "labels": [], "updated_at": "2024-01-01T00:00:00Z",
+                                    "head": {"sha": "a" * 40, "ref": "f"}, "base": {"sha": "b" * 40, "ref": "main"},
+                                    "body": "x" * 27000}}
+    return json.dumps(payload).encode()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(args: list[str], env: dict[str, str], port: int) -> subprocess.Popen:
+    log = tempfile.NamedTemporaryFile(prefix="relay-bench-", suffix=".log", delete=False)
+    process = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=log)
+    process.log_path = log.name
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("server did not start")
+
+
+async def _load(url: str, body: bytes, seconds: float, clients: int) -> tuple[list[float], int]:
+    signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            headers = {"X-GitHub-Event": "pull_request", "X-GitHub-Delivery": str(uuid.uuid4()),
+                       "X-Hub-Signature-256": signature, "Content-Type": "application/json"}
+            start = time.perf_counter()
+            try:
+                answer = await http.post(url, content=body, headers=headers)
+            except httpx.HTTPError:
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - start)
+            if answer.status_code != 202:
+                errors += 1
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    return latencies, errors
+
+
+def _measure(name: str, port: int, body: bytes, seconds: float, clients: int) -> dict:
+    url = f"http://127.0.0.1:{port}/github/webhook"
+    asyncio.run(_load(url, body, min(1.0, seconds / 4), clients))  # warm-up
+    latencies, errors = asyncio.run(_load(url, body, seconds, clients))
+    latencies.sort()
+    figures = {
+        "requests": len(latencies), "errors": errors, "rps": round(len(latencies) / seconds, 1),
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
+        "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2),
+    }
+    print(f"{name:18s} {figures['rps']:8.1f} req/s   p50 {figures['p50_ms']:7.2f} ms   p99 {figures['p99_ms']:7.2f} ms"
+          f"   ({figures['requests']} requests, {errors} not 202)")
+    return figures
+
+
+def _postgres_url() -> str | None:
+    admin = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
+    try:
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        name = f"relay_bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return make_url(admin).set(database=name).render_as_string(hide_password=False)
+    except Exception as exc:  # noqa: BLE001 - any failure means "no PostgreSQL here"
+        print(f"relay-postgresql   skipped: no PostgreSQL at RELAY_TEST_POSTGRES_URL ({type(exc).__name__})")
+        return None
+
+
+def _drop(url: str) -> None:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    admin = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per server")
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    from relay.testing import FakeGitHub
+
+    body = _body()
+    print(f"body {len(body)} bytes, {args.clients} concurrent clients, {args.seconds:g} s per server")
+    results: dict[str, dict] = {}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    with FakeGitHub() as fake, tempfile.TemporaryDirectory() as workdir:
+        backends = Path(workdir) / "backends"
+        backends.mkdir()
+        for name in ("l1", "l2", "l3", "l4"):
+            (backends / f"{name}.yaml").write_text(
+                f"name: {name}\ndevice_type: cpu\ndetect: {{accelerator: none}}\ndistributed_backend: gloo\n"
+                "capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
+                "symmetric_memory: false, put_signal: false, bf16: true}\n"
+                f"relay: {{repository: org/{name}-ci, level: {name.upper()}}}\n")
+        port = _free_port()
+        bare = _start([sys.executable, "-c", BARE_APP, str(port)], base_env, port)
+        try:
+            results["bare"] = _measure("bare FastAPI", port, body, args.seconds, args.clients)
+        finally:
+            bare.terminate()
+            bare.wait()
+        targets = [("relay-sqlite", f"sqlite:///{Path(workdir) / 'relay.db'}")]
+        pg = _postgres_url()
+        if pg:
+            targets.append(("relay-postgresql", pg))
+        for name, database_url in targets:
+            port = _free_port()
+            env = {**base_env, "RELAY_WEBHOOK_SECRETS": SECRET, "RELAY_GITHUB_TOKEN": "test-token",
+                   "RELAY_GITHUB_API_URL": fake.url, "RELAY_DATABASE_URL": database_url,
+                   "RELAY_BACKENDS_DIR": str(backends), "RELAY_LOG_LEVEL": "WARNING",
+                   "RELAY_GITHUB_CONTENT_REQUESTS_PER_MINUTE": "0"}
+            relay = _start([sys.executable, "-m", "relay.cli", "serve", "--port", str(port)], env, port)
+            try:
+                results[name] = _measure(name, port, body, args.seconds, args.clients)
+            finally:
+                relay.terminate()
+                relay.wait()
+        if pg:
+            _drop(pg)
+    ratio = results["relay-sqlite"]["rps"] / results["bare"]["rps"]
+    figures = {f"{name}_{key}": value for name, f in results.items() for key, value in f.items()}
+    if "relay-postgresql" in results:
+        figures["postgresql_ratio"] = round(results["relay-postgresql"]["rps"] / results["bare"]["rps"], 3)
+    print(f"relay-sqlite / bare throughput: {ratio:.2f}")
+    print(json.dumps({"name": "relay_intake", "figures": figures, "ratio": round(ratio, 3)}))
+
+
+if __name__ == "__main__":
+    main()
