@@ -1,7 +1,7 @@
 """The sweeper: a periodic pass that keeps the run records honest when callbacks never come.
 
 Triggered every ``RELAY_SWEEP_INTERVAL_SECONDS`` by its own thread (started with the app), or once
-by ``relay sweep``. Reads dispatches and runs; writes runs (through :mod:`relay.store`) and hands every
+by ``sweep_once()``. Reads dispatches and runs; writes runs (through :mod:`relay.store`) and hands every
 run it changed to reporting, so an upstream check stuck at "in progress" gets its final state.
 Each action has a named reason, logged and counted (``relay_sweeper_actions_total{reason}``):
 
