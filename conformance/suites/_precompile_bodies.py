@@ -190,9 +190,10 @@ def _case_input(case: str, inputs):
 
 
 def out_of_spec_on_rank(ctx, path_name: str, model_name: str, cases: list[str]):
-    """Load the artifact, run its example once, then each input it was not built for, with
-    recompilation turned into an error. Returns, per case, eager's result or error and the
-    artifact's, and the counters."""
+    """Load the artifact, run its example once, then each input it was not built for, under the
+    ``fail_on_recompile`` stance (a MegaCache warm start is a torch.compile'd function: a new input
+    must fail loudly, not recompile; an artifact that compiles nothing never meets the stance).
+    Returns, per case, eager's result or error and the artifact's, and the counters."""
     import torch
 
     from conformance.suites._precompile_models import forward, model_spec
@@ -348,6 +349,12 @@ def check_out_of_spec(ranks, path_name: str, model_name: str, cases: dict[str, s
             compiled = _compiled_at_load(_AlwaysStrict(path), res["counters"])
             if compiled:
                 problems.append(f"{where}: it recompiled: {compiled}")
+                continue
+            if res["error"] and "recompile" in res["error"].lower() and not path.traces_on_load:
+                # Only a torch.compile'd function can trip the stance: this artifact fell back to one.
+                problems.append(f"{where}: it tried to recompile (stopped by the fail_on_recompile stance): "
+                                f"{res['error'][:300]}")
+                continue
             if res["eager_error"] is not None:
                 if res["error"] is None:
                     problems.append(f"{where}: returned a result where eager raises ({res['eager_error']})")

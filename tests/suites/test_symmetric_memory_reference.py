@@ -95,3 +95,15 @@ def test_resolve_names_the_interface():
         resolve("reference")
     with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier"):
         resolve("tests.suites.symm_reference:ReferenceHandle")
+
+
+def test_cpu_skip_reason_carries_torchs_own_words():
+    """On CPU the suite's symmetric-memory tests skip with torch's reason, not just the descriptor's."""
+    from conformance.capabilities import probe_capabilities
+    from conformance.descriptors import load_descriptors
+
+    report = probe_capabilities(load_descriptors()["cpu"])
+    assert report.probes["symmetric_memory"].reason == "SymmetricMemory does not support device type cpu"
+    for capability in ("symmetric_memory", "put_signal"):
+        ok, why = report.usable(capability)
+        assert not ok and "SymmetricMemory does not support device type cpu" in why, why

@@ -1,0 +1,83 @@
+"""TEST DOUBLES: deliberately broken precompile paths, each a bug the precompile suite must catch.
+
+Handed to the suite's bodies by import path (``"tests.suites.precompile_broken:RecompilingLoadPath"``);
+the rank processes import this module themselves. Each wraps the real ``aot_compile`` path and
+breaks one promise: load without compiling, same bits on every rank, reproducible builds, and no
+silent recompilation for inputs the artifact was not built for.
+"""
+
+from __future__ import annotations
+
+import time
+
+from conformance.suites._precompile_paths import AotCompilePath
+
+__all__ = ["RankPerturbedPath", "RecompilingLoadPath", "SilentFallbackPath", "TimestampedBuildPath"]
+
+
+class RecompilingLoadPath(AotCompilePath):
+    """Bug: "loading" ignores the artifact and JIT-compiles the function again."""
+
+    name = "broken-recompiling-load"
+
+    def load(self, ctx, fn, artifact, scratch, dynamic_batch):
+        import torch
+
+        return torch.compile(fn, fullgraph=True)
+
+
+class RankPerturbedPath(AotCompilePath):
+    """Bug: the last rank's output is off by one unit in the last place (as a rank-dependent kernel
+    choice, or an artifact corrupted in transit to one rank, would make it)."""
+
+    name = "broken-rank-perturbed"
+
+    def load(self, ctx, fn, artifact, scratch, dynamic_batch):
+        import torch
+
+        call = super().load(ctx, fn, artifact, scratch, dynamic_batch)
+        if ctx.rank != ctx.world_size - 1:
+            return call
+
+        def perturbed(model, *inputs):
+            out = call(model, *inputs)
+            return torch.nextafter(out, torch.full_like(out, float("inf")))
+        return perturbed
+
+
+_BUILD_STAMP = 0.0
+
+
+def stamped_forward(model, x):
+    """The model plus a build-time constant that Dynamo bakes into the compiled graph."""
+    return model(x) + _BUILD_STAMP
+
+
+class TimestampedBuildPath(AotCompilePath):
+    """Bug: every build embeds the time it was built, so no two builds are the same."""
+
+    name = "broken-timestamped-build"
+
+    def build(self, fn, model, inputs, dynamic_batch, artifact, scratch):
+        global _BUILD_STAMP
+        _BUILD_STAMP = (time.time_ns() % 1_000_003) * 1e-12
+        return super().build(stamped_forward, model, inputs, dynamic_batch, artifact, scratch)
+
+
+class SilentFallbackPath(AotCompilePath):
+    """Bug: when the artifact refuses an input, fall back to a fresh JIT compile without a word."""
+
+    name = "broken-silent-fallback"
+
+    def load(self, ctx, fn, artifact, scratch, dynamic_batch):
+        import torch
+
+        call = super().load(ctx, fn, artifact, scratch, dynamic_batch)
+        fallback = torch.compile(fn, fullgraph=True)
+
+        def forgiving(model, *inputs):
+            try:
+                return call(model, *inputs)
+            except RuntimeError:
+                return fallback(model, *inputs)
+        return forgiving
