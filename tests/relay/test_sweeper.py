@@ -27,6 +27,7 @@ def test_never_started_times_out_and_the_status_says_so(database_url, results_re
     counts = sweeper_for(relay).sweep_once()
     assert counts["adopted"] == 4 and counts["never_started"] == 0  # one dispatched run per backend
     assert {r.state for r in relay.store.runs(pr_number=41)} == {"dispatched"}
+    assert relay.app.state.results.reporting.wait_idle(10)  # "queued" reported before the time-out
     later = sweeper_for(relay, at=utcnow() + dt.timedelta(hours=2), registry=relay.app.state.metrics.registry)
     counts = later.sweep_once()
     assert counts["never_started"] == 4 and counts["ran_too_long"] == 0
