@@ -94,10 +94,8 @@ class Store(ResultsOperations):
             with self._transaction() as session:
                 if deliveries.exists(session, delivery.delivery_id):
                     return False
-                deliveries.add(session, delivery, now)
-                session.flush()  # the delivery row first: dispatches reference it
-                for new in new_dispatches:
-                    dispatches.add(session, delivery.delivery_id, new, now)
+                deliveries.add(session, delivery, now)  # first: dispatches reference it
+                dispatches.add_many(session, delivery.delivery_id, new_dispatches, now)
                 if pull_request is not None:
                     pull_requests.upsert(session, pull_request, now)
         except sa_exc.IntegrityError:
