@@ -19,7 +19,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Case", "cases", "evaluate_matrix", "verdict", "MESHES", "COMPILED_CASES", "evaluate_compiled"]
+__all__ = ["Case", "cases", "case_key", "evaluate_matrix", "verdict", "MESHES", "COMPILED_CASES", "evaluate_compiled",
+           "compiled_verdict"]
 
 OPS = ("argmax", "argmin")
 DTYPES = ("float32", "bfloat16", "int64", "bool")
@@ -181,8 +182,13 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
 
 
-def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor") -> dict[str, dict]:
-    """Rank function: every case of ``mesh``; ``{"<op>[<case id>]": record}``.
+def case_key(case: Case) -> str:
+    return f"{case.op}[{case.id}]"
+
+
+def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor", only: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """Rank function: every case of ``mesh`` (or those whose ``case_key`` is in ``only``);
+    ``{case_key: record}``.
 
     A record holds ``eager`` (the reference tensor, or ``eager_error``) and ``placements`` +
     ``full`` (the DTensor result gathered), or ``error``.
@@ -192,6 +198,8 @@ def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor") -> dict[str, dict]
     device_mesh, handle = _device_mesh(ctx, mesh), resolve_handler(handler)
     records = {}
     for case in cases(mesh):
+        if only is not None and case_key(case) not in only:
+            continue
         record: dict[str, Any] = {}
         full_input = _case_input(case).to(ctx.device)
         try:
@@ -208,7 +216,7 @@ def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor") -> dict[str, dict]
         except Exception as exc:  # a crash is a result of this case, not of the whole matrix
             record["error"] = _error(exc)
             record["where"] = traceback.format_exc(limit=-3).strip().splitlines()[-3:]
-        records[f"{case.op}[{case.id}]"] = record
+        records[case_key(case)] = record
     return records
 
 

@@ -55,10 +55,12 @@ def _raise_problems(problems: dict[int, str], what: str) -> None:
     raise ConformanceFailure(f"{what}:\n  " + "\n  ".join(lines))
 
 
-def check_case(ranks, case: matrix.Case, *, mesh: str = "1d", handler: str = "dtensor") -> None:
-    """Assert one case of the matrix (evaluating the whole matrix on first use)."""
-    per_rank = _cached(ranks, ("matrix", mesh, handler, ranks.world_size), matrix.evaluate_matrix, mesh, handler)
-    key = f"{case.op}[{case.id}]"
+def check_case(ranks, case: matrix.Case, *, mesh: str = "1d", handler: str = "dtensor",
+               only: tuple[str, ...] | None = None) -> None:
+    """Assert one case of the matrix (evaluating the whole matrix, or the cases in ``only``, on first use)."""
+    per_rank = _cached(ranks, ("matrix", mesh, handler, only, ranks.world_size), matrix.evaluate_matrix, mesh,
+                       handler, only)
+    key = matrix.case_key(case)
     problems = {rank: message for rank, records in enumerate(per_rank)
                 if (message := matrix.verdict(case, records[key])) is not None}
     _raise_problems(problems, f"DTensor {case.op} over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) "

@@ -1,0 +1,83 @@
+"""The DTensor argmax/argmin suite catches what it claims: broken handlers fail the cases they get
+wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get right.
+
+The broken handlers live in ``tests.suites._broken_argminmax``; the suite's rank function imports
+them on every rank by name and runs them over the same real process group and device mesh.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks import ConformanceFailure
+from conformance.suites import _argminmax as matrix
+from conformance.suites import test_dtensor_argminmax as suite
+
+BROKEN = "tests.suites._broken_argminmax:"
+
+
+def _case(placement, dim, data="random", dtype="float32", op="argmax", keepdim=False):
+    return matrix.Case(op, placement, dim, keepdim, data, dtype)
+
+
+def _check(ranks, handler, case, *also):
+    """Evaluate only ``case`` and ``also`` (not the whole matrix), then assert ``case`` like the suite does."""
+    only = tuple(matrix.case_key(c) for c in (case, *also))
+    suite.check_case(ranks, case, handler=BROKEN + handler, only=only)
+
+
+def test_max_of_local_indices_fails_on_sharded_input(ranks):
+    sharded, replicated = _case("Shard(1)", 1), _case("Replicate()", 1)
+    with pytest.raises(ConformanceFailure,
+                       match=r"DTensor argmax over gloo \(2 ranks, 1d mesh\) differs from eager:\n  ranks 0, 1: "
+                             r"torch\.argmax\(DTensor Shard\(1\), dim=1, keepdim=False\) on random float32 data "
+                             r"returned \[.*\] \(torch.int64, shape \(4,\)\), eager on the full tensor gives \["):
+        _check(ranks, "max_of_local_indices", sharded, replicated)
+    # On a replicated input the local index is the global one: the same handler is right there.
+    _check(ranks, "max_of_local_indices", replicated, sharded)
+
+
+def test_max_of_local_indices_fails_along_a_sharded_dim(ranks):
+    case = _case("Shard(0)", 0, op="argmin")
+    with pytest.raises(ConformanceFailure, match=r"torch\.argmin\(DTensor Shard\(0\), dim=0, keepdim=False\) on "
+                                                 r"random float32 data returned \[.*\] \(torch.int64, shape \(6,\)\), "
+                                                 r"eager on the full tensor gives \[.*\]"):
+        _check(ranks, "max_of_local_indices", case)
+
+
+def test_partial_output_placement_is_invalid_even_with_right_values(ranks):
+    case = _case("Shard(0)", 1)
+    with pytest.raises(ConformanceFailure, match=r"returned invalid output placements \['P\(sum\)'\] for a 1-d "
+                                                 r"index tensor"):
+        _check(ranks, "partial_output", case)
+
+
+def test_a_crashing_case_fails_alone_and_the_group_survives(ranks):
+    crashing, fine = _case("Shard(1)", 0), _case("Shard(1)", 1)
+    with pytest.raises(ConformanceFailure, match=r"raised RuntimeError: deliberate crash of the handler for dim=0; "
+                                                 r"eager on the full tensor gives \["):
+        _check(ranks, "crash_on_dim_0", crashing, fine)
+    _check(ranks, "crash_on_dim_0", fine, crashing)
+
+
+def test_bool_must_raise_where_eager_raises():
+    """The verdict on a record where eager refused bool input but DTensor answered."""
+    import torch
+
+    case = _case("Replicate()", 0, dtype="bool")
+    record = {"eager_error": "RuntimeError: argmax(): does not support bool input",
+              "placements": ["R"], "shard_dims": [None], "partial": [False], "full": torch.tensor([0, 1])}
+    assert matrix.verdict(case, record) == (
+        "torch.argmax(DTensor Replicate(), dim=0, keepdim=False) on random bool data returned [0, 1] "
+        "(placements ['R']), but eager raises on the full tensor: RuntimeError: argmax(): does not support "
+        "bool input")
+    del record["full"]
+    record["error"] = "RuntimeError: argmax(): does not support bool input"
+    assert matrix.verdict(case, record) is None
+
+
+def test_matrix_ids_read_as_documented():
+    ids = {f"test_{c.op}[{c.id}]" for c in matrix.cases("1d")}
+    assert "test_argmax[Shard(1)-dim=None-ties_across_shards-float32]" in ids
+    assert "test_argmin[Partial(sum)-dim=0,keepdim-nan-bfloat16]" in ids
+    assert not any("Shard(1)" in i and "-1d" in i for i in ids), "a 1-D tensor has no dim 1 to shard"
