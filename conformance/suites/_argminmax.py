@@ -215,7 +215,8 @@ def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor", only: tuple[str, .
             record["full"] = result.full_tensor()
         except Exception as exc:  # a crash is a result of this case, not of the whole matrix
             record["error"] = _error(exc)
-            record["where"] = traceback.format_exc(limit=-3).strip().splitlines()[-3:]
+            record["where"] = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
+                               for f in traceback.extract_tb(exc.__traceback__)[-2:]]
         records[case_key(case)] = record
     return records
 
@@ -230,8 +231,9 @@ def verdict(case: Case, record: dict) -> str | None:
         return (f"{what} returned {record['full'].tolist()} (placements {record['placements']}), "
                 f"but eager raises on the full tensor: {record['eager_error']}")
     if "error" in record:
-        where = " | ".join(record.get("where", []))
-        return f"{what} raised {record['error']}; eager on the full tensor gives {record['eager'].tolist()} ({where})"
+        where = ", ".join(record.get("where", []))
+        return (f"{what} raised {record['error']} (at {where}); eager on the full tensor gives "
+                f"{record['eager'].tolist()}")
     full, expected = record["full"], record["eager"]
     ndim = expected.dim()
     bad_placement = [p for p, d, partial in zip(record["placements"], record["shard_dims"], record["partial"])
