@@ -14,7 +14,7 @@ Meshes: ``"1d"`` is the default group as one axis ``tp``; ``"dp_x_tp"`` needs 4 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from conformance.checks import ConformanceFailure
@@ -60,7 +60,6 @@ class Mesh:
     dp_size: int = 1
     dp_index: int = 0
     dp_peers: tuple[int, ...] = ()  # ranks that share this rank's tp index (they sum R gradients)
-    extra: dict = field(default_factory=dict)
 
     def types(self, tp_type, dp_type=None) -> dict:
         """A local-type dict for ``assert_type``: ``tp_type`` on tp, plus ``dp_type`` when there is a dp axis."""
@@ -603,10 +602,9 @@ def _reject_data_parallel_weight_I(mesh, C):
 
 def _reject_missing_g_nonlinear(mesh, C):
     import torch.nn.functional as F
-
-    h, w2 = _typed(mesh, "R", (B, 4)), _typed(mesh, "V", (D, 4), seed=91)
     import spmd_types as st
 
+    h, w2 = _typed(mesh, "R", (B, 4)), _typed(mesh, "V", (D, 4), seed=91)
     partial = st.reinterpret(F.linear(h, w2), mesh.tp, src=st.V, dst=st.P)
     return F.gelu(partial)  # the row-parallel output is Partial: g (all_reduce) must come first
 
