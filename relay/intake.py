@@ -1,8 +1,9 @@
 """Intake: ``POST /github/webhook``: verify, normalise, deduplicate, store, then answer.
 
 Triggered by GitHub for every upstream webhook. Reads the raw body and headers, the allowlist and the
-settings; writes the delivery, its outbox rows and the PR's labels in one transaction (through the
-store), then wakes the dispatcher. Nothing is sent to GitHub here.
+settings; writes the delivery, its outbox rows and the PR's labels in one transaction (the store's
+group commit: concurrent webhooks share one commit, and each is answered only once the commit holding
+its rows is done), then wakes the dispatcher. Nothing is sent to GitHub here.
 
 The :func:`verified_webhook` dependency runs before the handler, so no handler can forget it: body
 size cap (413), then the signature in constant time against every configured secret (401), then the
@@ -19,6 +20,7 @@ other headers (400), content type (415) and JSON (400). Answers:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
@@ -29,7 +31,6 @@ import secrets
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from relay import events as events_mod
@@ -201,7 +202,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         outcome="dispatched" if targets else outcome, summary=event.summary(), reason=reason, payload=raw,
     )
     try:
-        fresh = await run_in_threadpool(state.store.record_delivery, delivery, new_dispatches, _snapshot(event))
+        fresh = await asyncio.wrap_future(state.store.submit_delivery(delivery, new_dispatches, _snapshot(event)))
     except StoreUnavailable as exc:
         state.metrics.events.labels(hook.event, "store_unavailable").inc()
         log.error("webhook not stored", extra={"event": hook.event, "delivery": hook.delivery, "error": str(exc)})

@@ -1,7 +1,7 @@
 """Deliveries: one row per accepted webhook, keyed by ``X-GitHub-Delivery`` (the dedupe key).
 
-Written by intake (through ``Store.record_delivery``) in the same transaction as the delivery's
-dispatches; read to answer "was this delivery seen?" and, by the results side, for stored events
+Written by intake (through the store's group commit: ``insert_new`` for a whole batch of webhooks) in
+the same transaction as the deliveries' dispatches; read to answer "was this delivery seen?" and, by the results side, for stored events
 (``issue_comment``, ``check_run``, ``check_suite``: re-run requests).
 """
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, String, Text, insert, select
+from sqlalchemy import JSON, Connection, DateTime, String, Text, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
@@ -63,6 +65,22 @@ class DeliveryView:
 def add(session: Session, new: NewDelivery, now: dt.datetime) -> None:
     # A Core insert: intake writes one per webhook, and the ORM unit of work would double its cost.
     session.execute(insert(Delivery).values(received_at=now, **dataclasses.asdict(new)))
+
+
+def insert_new(connection: Connection, rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Insert the rows whose ``delivery_id`` is not in the table yet; return the ids inserted.
+
+    ``ON CONFLICT DO NOTHING`` makes the database the judge of "seen before", so two copies of one
+    delivery racing in two processes (PostgreSQL) still store one: the second waits for the first's
+    transaction and then skips. Callers pass rows sorted by id, so two batches lock keys in one order.
+    """
+    if not rows:
+        return set()
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    statement = (
+        dialect.insert(Delivery).on_conflict_do_nothing(index_elements=["delivery_id"]).returning(Delivery.delivery_id)
+    )
+    return set(connection.execute(statement, list(rows)).scalars())
 
 
 def exists(session: Session, delivery_id: str) -> bool:

@@ -20,8 +20,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, func, insert,
-    or_, select, update,
+    JSON, BigInteger, Connection, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, func,
+    insert, or_, select, update,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -112,17 +112,25 @@ def add(session: Session, delivery_id: str, new: NewDispatch, now: dt.datetime) 
 
 
 def add_many(session: Session, delivery_id: str, new: Sequence[NewDispatch], now: dt.datetime) -> None:
-    """Queue one row per target in a single executemany (intake's hot path)."""
-    if not new:
-        return
-    session.execute(
-        insert(Dispatch),
-        [
-            dict(delivery_id=delivery_id, state=DispatchState.queued, attempts=0, created_at=now, updated_at=now,
-                 next_attempt_at=now, **dataclasses.asdict(item))
-            for item in new
-        ],
-    )
+    insert_rows(session.connection(), [queued_row(delivery_id, item, now) for item in new])
+
+
+def queued_row(delivery_id: str, new: NewDispatch, now: dt.datetime) -> dict[str, Any]:
+    """The column values of a fresh outbox row (state queued, due at once)."""
+    return {
+        "delivery_id": delivery_id, "backend": new.backend, "repository": new.repository,
+        "event_type": new.event_type, "client_payload": new.client_payload, "nonce": new.nonce,
+        "state": DispatchState.queued, "attempts": 0, "created_at": now, "updated_at": now, "next_attempt_at": now,
+    }
+
+
+def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Queue outbox rows in one Core executemany (intake's hot path: no ORM unit of work).
+
+    Rows go in the order given, so ids, and with them the per-backend send order, follow arrival.
+    """
+    if rows:
+        connection.execute(insert(Dispatch), list(rows))
 
 
 def _due(now: dt.datetime):

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from sqlalchemy import JSON, DateTime, Integer, String
+from collections.abc import Sequence
+
+from sqlalchemy import JSON, Connection, DateTime, Integer, String
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
@@ -43,23 +46,37 @@ class PullRequestSnapshot:
 
 
 def upsert(session: Session, snapshot: PullRequestSnapshot, now: dt.datetime) -> None:
-    row = session.get(PullRequest, (snapshot.repository, snapshot.number), with_for_update=True)
-    if row is None:
-        session.add(
-            PullRequest(
-                repository=snapshot.repository, number=snapshot.number, head_sha=snapshot.head_sha,
-                state=snapshot.state, labels=list(snapshot.labels), source_updated_at=snapshot.source_updated_at,
-                recorded_at=now,
-            )
-        )
+    upsert_many(session.connection(), [(snapshot, now)])
+
+
+def upsert_many(connection: Connection, snapshots: Sequence[tuple[PullRequestSnapshot, dt.datetime]]) -> None:
+    """Record (snapshot, seen at) pairs in order; per PR the newest ``source_updated_at`` wins, a tie the later one.
+
+    One ``INSERT ... ON CONFLICT DO UPDATE ... WHERE stored <= new`` per PR: atomic on both databases,
+    so concurrent writers (several processes on PostgreSQL) cannot bring an older label set back.
+    """
+    newest: dict[tuple[str, int], tuple[PullRequestSnapshot, dt.datetime]] = {}
+    for snapshot, seen_at in snapshots:
+        key = (snapshot.repository, snapshot.number)
+        if key not in newest or newest[key][0].source_updated_at <= snapshot.source_updated_at:
+            newest[key] = (snapshot, seen_at)
+    if not newest:
         return
-    if snapshot.source_updated_at < row.source_updated_at:
-        return  # an older delivery arriving late
-    row.head_sha = snapshot.head_sha
-    row.state = snapshot.state
-    row.labels = list(snapshot.labels)
-    row.source_updated_at = snapshot.source_updated_at
-    row.recorded_at = now
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(PullRequest)
+    statement = statement.on_conflict_do_update(
+        index_elements=["repository", "number"],
+        set_={name: statement.excluded[name] for name in ("head_sha", "state", "labels", "source_updated_at", "recorded_at")},
+        where=PullRequest.source_updated_at <= statement.excluded.source_updated_at,
+    )
+    # Sorted keys: two batches touching the same PRs lock them in one order (no deadlock on PostgreSQL).
+    for key in sorted(newest):
+        snapshot, seen_at = newest[key]
+        connection.execute(statement, {
+            "repository": snapshot.repository, "number": snapshot.number, "head_sha": snapshot.head_sha,
+            "state": snapshot.state, "labels": list(snapshot.labels), "source_updated_at": snapshot.source_updated_at,
+            "recorded_at": seen_at,
+        })
 
 
 def labels(session: Session, repository: str, number: int) -> tuple[str, ...] | None:

@@ -1,26 +1,30 @@
 """The store's operations, one transaction each: the only way the rest of the relay reaches SQL.
 
-Triggered by intake (``record_delivery``), the dispatcher (``claim_dispatches``, ``finish_dispatch``),
+Triggered by intake (``submit_delivery``: group commit, see ``group_commit``), the dispatcher (``claim_dispatches``, ``finish_dispatch``),
 start-up (``migrate``, ``sync_backends``) and observability (``ping``, ``outbox_depth``). Database
 errors surface as :class:`StoreUnavailable`, so callers can answer 503 without knowing SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from relay.store import backends, deliveries, dispatches, pull_requests
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
+from relay.store.group_commit import GroupCommitter, WriterClosed
 from relay.store.results import ResultsOperations
 
 __all__ = ["Store", "StoreUnavailable"]
@@ -49,6 +53,17 @@ def _guarded(method):
     return wrapper
 
 
+@dataclasses.dataclass(frozen=True)
+class _IntakeWrite:
+    delivery: deliveries.NewDelivery
+    dispatches: Sequence[dispatches.NewDispatch]
+    pull_request: pull_requests.PullRequestSnapshot | None
+    received_at: dt.datetime
+
+
+_DELIVERY_FIELDS = tuple(f.name for f in dataclasses.fields(deliveries.NewDelivery))
+
+
 class Store(ResultsOperations):
     """Store(url): a database (SQLite file or PostgreSQL) holding deliveries, the outbox, PRs, backends."""
 
@@ -61,6 +76,7 @@ class Store(ResultsOperations):
         # IMMEDIATE); queueing the threads of this process on a lock is fair and prompt, where SQLite's
         # busy handler sleeps and retries (tens of ms per wait under load).
         self._writer = threading.Lock() if self.dialect == "sqlite" else contextlib.nullcontext()
+        self._intake = GroupCommitter(self._write_deliveries)
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
@@ -78,10 +94,29 @@ class Store(ResultsOperations):
             connection.execute(text("SELECT 1"))
 
     def close(self) -> None:
+        self._intake.close()  # pending webhooks are committed (and answered) first
         self.engine.dispose()
 
     # --- intake ---------------------------------------------------------------------------------
-    @_guarded
+    def submit_delivery(
+        self,
+        delivery: deliveries.NewDelivery,
+        new_dispatches: Sequence[dispatches.NewDispatch] = (),
+        pull_request: pull_requests.PullRequestSnapshot | None = None,
+    ) -> concurrent.futures.Future:
+        """Queue a delivery, its outbox rows and its PR snapshot for the next group commit.
+
+        The future resolves once they are committed: True (stored), False (this delivery id was already
+        stored, or an earlier copy is in the same batch: nothing of this copy is written), or it raises
+        :class:`StoreUnavailable` (nothing written) or ``IntegrityError`` (another constraint refused
+        this webhook's rows; the other webhooks of the batch are committed without it).
+        """
+        write = _IntakeWrite(delivery, tuple(new_dispatches), pull_request, utcnow())
+        try:
+            return self._intake.submit(write)
+        except WriterClosed:
+            raise StoreUnavailable(f"store {self.safe_url} is closed") from None
+
     def record_delivery(
         self,
         delivery: deliveries.NewDelivery,
@@ -89,22 +124,42 @@ class Store(ResultsOperations):
         pull_request: pull_requests.PullRequestSnapshot | None = None,
     ) -> bool:
         """Write a delivery, its outbox rows and its PR snapshot atomically; False if already seen."""
-        now = utcnow()
+        return self.submit_delivery(delivery, new_dispatches, pull_request).result()
+
+    def _write_deliveries(self, writes: Sequence[_IntakeWrite]) -> list[Any]:
+        """One transaction for the batch; on a constraint failure, each webhook alone (to find the culprit)."""
         try:
-            with self._transaction() as session:
-                if deliveries.exists(session, delivery.delivery_id):
-                    return False
-                deliveries.add(session, delivery, now)  # first: dispatches reference it
-                dispatches.add_many(session, delivery.delivery_id, new_dispatches, now)
-                if pull_request is not None:
-                    pull_requests.upsert(session, pull_request, now)
-        except sa_exc.IntegrityError:
-            # A concurrent redelivery of the same id won the race; the unique key kept one copy.
-            with self._sessions() as session:
-                if deliveries.exists(session, delivery.delivery_id):
-                    return False
-            raise
-        return True
+            with self._writer, self.engine.begin() as connection:
+                return self._insert_deliveries(connection, writes)
+        except sa_exc.IntegrityError as exc:
+            if len(writes) == 1:
+                return [exc]
+            return [outcome for write in writes for outcome in self._write_deliveries([write])]
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            message = f"store {self.safe_url} unavailable: {_describe(exc)}"
+            return [StoreUnavailable(message) for _ in writes]
+
+    @staticmethod
+    def _insert_deliveries(connection: Connection, writes: Sequence[_IntakeWrite]) -> list[bool]:
+        first: dict[str, int] = {}
+        for index, write in enumerate(writes):
+            first.setdefault(write.delivery.delivery_id, index)
+        # Sorted ids: concurrent batches (several processes on PostgreSQL) take the key locks in one order.
+        fresh = deliveries.insert_new(connection, [
+            {"received_at": writes[index].received_at,
+             **{name: getattr(writes[index].delivery, name) for name in _DELIVERY_FIELDS}}
+            for _, index in sorted(first.items())
+        ])
+        stored = [first[w.delivery.delivery_id] == index and w.delivery.delivery_id in fresh for index, w in enumerate(writes)]
+        kept = [write for write, keep in zip(writes, stored) if keep]
+        dispatches.insert_rows(connection, [
+            dispatches.queued_row(write.delivery.delivery_id, item, write.received_at)
+            for write in kept for item in write.dispatches
+        ])
+        pull_requests.upsert_many(
+            connection, [(write.pull_request, write.received_at) for write in kept if write.pull_request is not None]
+        )
+        return stored
 
     @_guarded
     def delivery(self, delivery_id: str) -> deliveries.DeliveryView | None:
