@@ -7,9 +7,32 @@ Follow a webhook through the modules: ``app`` (every router) -> ``intake`` (veri
 ``testing.fake_github`` a fake GitHub server for tests (also for backend owners).
 
 The package never imports torch, nor any ``conformance`` module but ``conformance.descriptors``.
+The re-exports below are imported on first use, so ``relay --help`` does not load FastAPI and SQLAlchemy.
 """
 
-from relay.app import create_app
-from relay.settings import Settings, SettingsError, load_settings
+from __future__ import annotations
 
-__all__ = ["Settings", "SettingsError", "create_app", "load_settings"]
+import importlib
+
+_EXPORTS = {
+    "create_app": ("relay.app", "create_app"),
+    "Settings": ("relay.settings", "Settings"),
+    "SettingsError": ("relay.settings", "SettingsError"),
+    "load_settings": ("relay.settings", "load_settings"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'relay' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

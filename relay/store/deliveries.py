@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,11 +77,14 @@ def insert_new(connection: Connection, rows: Sequence[dict[str, Any]]) -> set[st
     """
     if not rows:
         return set()
-    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-    statement = (
-        dialect.insert(Delivery).on_conflict_do_nothing(index_elements=["delivery_id"]).returning(Delivery.delivery_id)
-    )
-    return set(connection.execute(statement, list(rows)).scalars())
+    return set(connection.execute(_insert_new_statement(connection.dialect.name), list(rows)).scalars())
+
+
+@functools.cache
+def _insert_new_statement(dialect_name: str):
+    # Built once per dialect: constructing the statement costs more than running it for a small batch.
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    return dialect.insert(Delivery).on_conflict_do_nothing(index_elements=["delivery_id"]).returning(Delivery.delivery_id)
 
 
 def exists(session: Session, delivery_id: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 
 from collections.abc import Sequence
 
@@ -62,13 +63,7 @@ def upsert_many(connection: Connection, snapshots: Sequence[tuple[PullRequestSna
             newest[key] = (snapshot, seen_at)
     if not newest:
         return
-    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(PullRequest)
-    statement = statement.on_conflict_do_update(
-        index_elements=["repository", "number"],
-        set_={name: statement.excluded[name] for name in ("head_sha", "state", "labels", "source_updated_at", "recorded_at")},
-        where=PullRequest.source_updated_at <= statement.excluded.source_updated_at,
-    )
+    statement = _upsert_statement(connection.dialect.name)
     # Sorted keys: two batches touching the same PRs lock them in one order (no deadlock on PostgreSQL).
     for key in sorted(newest):
         snapshot, seen_at = newest[key]
@@ -77,6 +72,18 @@ def upsert_many(connection: Connection, snapshots: Sequence[tuple[PullRequestSna
             "state": snapshot.state, "labels": list(snapshot.labels), "source_updated_at": snapshot.source_updated_at,
             "recorded_at": seen_at,
         })
+
+
+@functools.cache
+def _upsert_statement(dialect_name: str):
+    # Built once per dialect: constructing the statement costs more than running it.
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    statement = dialect.insert(PullRequest)
+    return statement.on_conflict_do_update(
+        index_elements=["repository", "number"],
+        set_={name: statement.excluded[name] for name in ("head_sha", "state", "labels", "source_updated_at", "recorded_at")},
+        where=PullRequest.source_updated_at <= statement.excluded.source_updated_at,
+    )
 
 
 def labels(session: Session, repository: str, number: int) -> tuple[str, ...] | None:
