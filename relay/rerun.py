@@ -18,10 +18,10 @@ import json
 import logging
 import re
 import secrets
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from relay.periodic import PeriodicThread
 from relay.store import NewDispatch
 from relay.store.base import utcnow
 from relay.store.deliveries import DeliveryView
@@ -128,8 +128,7 @@ class RerunWatcher:
         self.poll_seconds = poll_seconds
         self.adopt_window = dt.timedelta(seconds=adopt_window_seconds)
         self.on_dispatched = on_dispatched  # e.g. the dispatcher's wake()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = PeriodicThread("relay-reruns", poll_seconds, self.poll_once)
 
     def handle(self, delivery: DeliveryView) -> tuple[str, str | None, list[str]]:
         try:
@@ -169,18 +168,7 @@ class RerunWatcher:
         return len(pending)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="relay-reruns", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except Exception:
-                log.exception("re-run poll failed")
-            self._stop.wait(self.poll_seconds)
+        self._periodic.stop(timeout)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
+from relay.periodic import PeriodicThread
 from relay.store.base import utcnow
 
 __all__ = ["REASONS", "Sweeper"]
@@ -54,8 +54,7 @@ class Sweeper:
             "relay_sweeper_actions", "sweeper actions, by reason", ["reason"],
             registry=registry if registry is not None else CollectorRegistry(),
         )
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = PeriodicThread("relay-sweeper", interval_seconds, self.sweep_once)
 
     def sweep_once(self) -> dict[str, int]:
         """One pass; returns the count of each reason (every reason present, zeros included)."""
@@ -85,18 +84,7 @@ class Sweeper:
         return counts
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="relay-sweeper", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sweep_once()
-            except Exception:
-                log.exception("sweep failed; next pass in %.0f s", self.interval)
-            self._stop.wait(self.interval)
+        self._periodic.stop(timeout)
