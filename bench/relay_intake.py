@@ -1,17 +1,22 @@
 """Benchmark: signed pull_request webhooks against ``relay serve`` on loopback, 32 concurrent clients.
 
-Three servers, each a separate process on the same uvicorn settings, in the same run:
+Servers, each a separate process on the same uvicorn settings, in the same run:
 * ``bare``: a FastAPI endpoint that reads the body and answers 202 (the baseline);
-* ``relay-sqlite``: ``relay serve`` with its default SQLite store;
+* ``relay-sqlite``: ``relay serve`` with its default SQLite store and default settings: the dispatcher
+  runs, paced to GitHub's content-creation limit (80 dispatches a minute per credential);
 * ``sqlite-intake-only``: the same with ``RELAY_DISPATCHER_ENABLED=false`` (intake's own cost);
+* ``sqlite-unpaced``: the same with pacing off, so the dispatcher sends 4 dispatches per webhook to the
+  fake GitHub as fast as it can, in the same process (a stress case GitHub itself would refuse);
 * ``relay-postgresql``: ``relay serve`` on PostgreSQL ($RELAY_TEST_POSTGRES_URL; skipped if unreachable).
-Every request carries a ~28 KB pull_request body with a new delivery id, so the relay verifies, parses,
-routes to 4 backends and commits 1 delivery + 4 outbox rows per request; its dispatcher sends them to a
-fake GitHub meanwhile. Reports throughput and p50/p99 latency per server.
+Every request carries a ~25 KB pull_request body with a new delivery id, so the relay verifies, parses,
+routes to 4 backends and durably commits 1 delivery + 4 outbox rows per request before answering.
+Reports throughput, p50/p99 latency and the server's CPU time per request (Linux: from /proc; it is
+less sensitive than throughput to other load on the machine) per server.
 
     python bench/relay_intake.py [--seconds 4] [--clients 32]
 
-Ends with one JSON line; ratio = relay-sqlite throughput / bare throughput (higher is better).
+Ends with one JSON line; ratio = relay-sqlite throughput / bare throughput (higher is better);
+``postgresql_ratio`` likewise for relay-postgresql.
 """
 
 from __future__ import annotations
@@ -135,17 +140,32 @@ async def _load(port: int, body: bytes, seconds: float, clients: int) -> tuple[l
     return latencies, errors
 
 
-def _measure(name: str, port: int, body: bytes, seconds: float, clients: int) -> dict:
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(name: str, server: subprocess.Popen, port: int, body: bytes, seconds: float, clients: int) -> dict:
     asyncio.run(_load(port, body, min(1.0, seconds / 4), clients))  # warm-up
+    cpu_before = _cpu_seconds(server.pid)
     latencies, errors = asyncio.run(_load(port, body, seconds, clients))
+    cpu_after = _cpu_seconds(server.pid)
     latencies.sort()
     figures = {
         "requests": len(latencies), "errors": errors, "rps": round(len(latencies) / seconds, 1),
         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
         "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2),
     }
+    cpu = ""
+    if cpu_before is not None and cpu_after is not None and latencies:
+        figures["cpu_ms_per_request"] = round((cpu_after - cpu_before) / len(latencies) * 1000, 3)
+        cpu = f"   cpu {figures['cpu_ms_per_request']:5.2f} ms/req"
     print(f"{name:18s} {figures['rps']:8.1f} req/s   p50 {figures['p50_ms']:7.2f} ms   p99 {figures['p99_ms']:7.2f} ms"
-          f"   ({figures['requests']} requests, {errors} not 202)")
+          f"{cpu}   ({figures['requests']} requests, {errors} not 202)")
     return figures
 
 
@@ -196,24 +216,26 @@ def main() -> None:
         port = _free_port()
         bare = _start([sys.executable, "-c", BARE_APP, str(port)], base_env, port)
         try:
-            results["bare"] = _measure("bare FastAPI", port, body, args.seconds, args.clients)
+            results["bare"] = _measure("bare FastAPI", bare, port, body, args.seconds, args.clients)
         finally:
             bare.terminate()
             bare.wait()
-        targets = [("relay-sqlite", f"sqlite:///{Path(workdir) / 'relay.db'}", "true"),
-                   ("sqlite-intake-only", f"sqlite:///{Path(workdir) / 'intake.db'}", "false")]
+        # (name, database, extra settings); pacing and the dispatcher are at their defaults unless named
+        targets = [("relay-sqlite", f"sqlite:///{Path(workdir) / 'relay.db'}", {}),
+                   ("sqlite-intake-only", f"sqlite:///{Path(workdir) / 'intake.db'}", {"RELAY_DISPATCHER_ENABLED": "false"}),
+                   ("sqlite-unpaced", f"sqlite:///{Path(workdir) / 'unpaced.db'}",
+                    {"RELAY_GITHUB_CONTENT_REQUESTS_PER_MINUTE": "0"})]
         pg = _postgres_url()
         if pg:
-            targets.append(("relay-postgresql", pg, "true"))
-        for name, database_url, dispatcher in targets:
+            targets.append(("relay-postgresql", pg, {}))
+        for name, database_url, extra in targets:
             port = _free_port()
             env = {**base_env, "RELAY_WEBHOOK_SECRETS": SECRET, "RELAY_GITHUB_TOKEN": "test-token",
                    "RELAY_GITHUB_API_URL": fake.url, "RELAY_DATABASE_URL": database_url,
-                   "RELAY_BACKENDS_DIR": str(backends), "RELAY_LOG_LEVEL": "WARNING",
-                   "RELAY_GITHUB_CONTENT_REQUESTS_PER_MINUTE": "0", "RELAY_DISPATCHER_ENABLED": dispatcher}
+                   "RELAY_BACKENDS_DIR": str(backends), "RELAY_LOG_LEVEL": "WARNING", **extra}
             relay = _start([sys.executable, "-m", "relay.cli", "serve", "--port", str(port)], env, port)
             try:
-                results[name] = _measure(name, port, body, args.seconds, args.clients)
+                results[name] = _measure(name, relay, port, body, args.seconds, args.clients)
             finally:
                 relay.terminate()
                 relay.wait()
@@ -223,7 +245,8 @@ def main() -> None:
     figures = {f"{name}_{key}": value for name, f in results.items() for key, value in f.items()}
     if "relay-postgresql" in results:
         figures["postgresql_ratio"] = round(results["relay-postgresql"]["rps"] / results["bare"]["rps"], 3)
-    print(f"relay-sqlite / bare throughput: {ratio:.2f}")
+    print(f"relay-sqlite / bare throughput: {ratio:.2f}"
+          + (f"; relay-postgresql / bare: {figures['postgresql_ratio']:.2f}" if "postgresql_ratio" in figures else ""))
     print(json.dumps({"name": "relay_intake", "figures": figures, "ratio": round(ratio, 3)}))
 
 

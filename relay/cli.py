@@ -9,6 +9,7 @@ stops start-up with a message naming it (exit 2). Each subcommand is a function 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable
 
@@ -52,6 +53,10 @@ def serve(args: argparse.Namespace) -> int:
         app.state.store.ping()
     except StoreUnavailable as exc:
         raise SettingsError(f"RELAY_DATABASE_URL: {exc}") from None
+    # Everything loaded so far lives as long as the process: keep it out of the garbage collector's
+    # full passes, which otherwise walk those ~140 000 objects and stall every request for ~100 ms.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False)
     return 0
 

@@ -36,6 +36,13 @@ from relay.store.base import utcnow
 
 __all__ = ["CredentialGates", "Dispatcher"]
 
+# A claim that found nothing to send is not repeated for 10 times as long as it took (at least 20 ms).
+# Under a burst every stored webhook wakes the loop; while every due row waits for a paced or resting
+# credential, each wake would otherwise scan a deep outbox again for nothing (measured: a third of the
+# process's CPU); this way such claims take at most about a tenth of the time, however deep the outbox.
+_EMPTY_CLAIM_GAP_SECONDS = 0.02
+_EMPTY_CLAIM_GAP_FACTOR = 10
+
 log = logging.getLogger("relay.dispatch")
 
 
@@ -159,8 +166,13 @@ class Dispatcher:
 
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
+        next_claim_at = float("-inf")
         while not self._stopping.is_set():
+            gap = next_claim_at - time.monotonic()
+            if gap > 0:
+                self._stopping.wait(gap)
             self._wake.clear()
+            started = time.monotonic()
             try:
                 claimed = self.claim_once()
             except StoreUnavailable as exc:
@@ -175,6 +187,8 @@ class Dispatcher:
                 self._pool.submit(self._send, row)
             if claimed:
                 continue  # more may be due for other backends
+            took = time.monotonic() - started
+            next_claim_at = started + max(_EMPTY_CLAIM_GAP_SECONDS, _EMPTY_CLAIM_GAP_FACTOR * took)
             self._wake.wait(self._idle_wait())
 
     def _idle_wait(self) -> float:

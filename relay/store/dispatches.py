@@ -150,17 +150,24 @@ def claim(
     waiting for each other or taking the same row; SQLite ignores it (its ``BEGIN IMMEDIATE``
     serialises claims instead).
     """
-    query = select(Dispatch).where(_due(now))
+    # Candidates as (id, backend) only: the full rows (JSON payload included) are loaded for the chosen
+    # few, not for every row the limit lets through; with a deep outbox this is most of a claim's cost.
+    candidates = select(Dispatch.id, Dispatch.backend).where(_due(now))
     if exclude_backends:
-        query = query.where(Dispatch.backend.not_in(list(exclude_backends)))
-    query = query.order_by(Dispatch.id).limit(limit).with_for_update(skip_locked=True)
-    chosen: dict[str, Dispatch] = {}
-    for row in session.scalars(query):
-        if max_claims is not None and len(chosen) >= max_claims:
+        candidates = candidates.where(Dispatch.backend.not_in(list(exclude_backends)))
+    candidates = candidates.order_by(Dispatch.id).limit(limit).with_for_update(skip_locked=True)
+    chosen_ids: dict[str, int] = {}
+    for dispatch_id, backend in session.execute(candidates):
+        if max_claims is not None and len(chosen_ids) >= max_claims:
             break
-        chosen.setdefault(row.backend, row)
+        chosen_ids.setdefault(backend, dispatch_id)
+    if not chosen_ids:
+        return []
+    chosen = session.scalars(
+        select(Dispatch).where(Dispatch.id.in_(list(chosen_ids.values()))).order_by(Dispatch.id)
+    ).all()
     claimed = []
-    for row in chosen.values():
+    for row in chosen:
         row.state = DispatchState.sending
         row.claimed_by = claimer
         row.claimed_until = lease_until
