@@ -81,7 +81,11 @@ class GroupCommitter(Generic[Item]):
                     return  # closed and drained
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
-            self._commit(batch)
+            # A caller that gave up (its request was cancelled) gets nothing written; the others'
+            # futures can no longer be cancelled from here on, so each will hear its outcome.
+            batch = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
+            if batch:
+                self._commit(batch)
 
     def _commit(self, batch: list[tuple[Item, concurrent.futures.Future]]) -> None:
         try:

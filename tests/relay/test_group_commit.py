@@ -7,6 +7,7 @@ commits them together; every outcome asserted here must hold however the submiss
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 import pytest
 from sqlalchemy.exc import IntegrityError
@@ -90,3 +91,31 @@ def test_close_commits_what_is_pending_then_refuses(database_url):
         assert len(reopened.dispatches()) == 40
     finally:
         reopened.close()
+
+
+def test_a_cancelled_submission_is_skipped_and_the_writer_carries_on():
+    """A request cancelled while its webhook waits (client gone, shutdown) must not stop the writer."""
+    from relay.store.group_commit import GroupCommitter
+
+    first_batch_started, release = threading.Event(), threading.Event()
+    written: list[list[str]] = []
+
+    def write_batch(items):
+        first_batch_started.set()
+        release.wait(10)
+        written.append(list(items))
+        return [f"stored {item}" for item in items]
+
+    writer = GroupCommitter(write_batch)
+    try:
+        first = writer.submit("a")
+        assert first_batch_started.wait(10)  # the writer is busy with "a"
+        gone, kept = writer.submit("b"), writer.submit("c")
+        assert gone.cancel()
+        release.set()
+        assert first.result(10) == "stored a" and kept.result(10) == "stored c"
+        assert writer.submit("d").result(10) == "stored d"
+        assert written == [["a"], ["c"], ["d"]]
+    finally:
+        release.set()
+        writer.close()
