@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the conformance suites on this machine")
     common(run)
-    run.add_argument("--suite", action="append", help=f"suite to run, repeatable (default: all)")
+    run.add_argument("--suite", action="append", help="suite to run, repeatable (default: all)")
     run.add_argument("--report", default=None, help="write the JSON report here")
     run.add_argument("--junit", default=None, help="write a JUnit XML report here")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER,

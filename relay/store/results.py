@@ -10,35 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
 from relay.runs import RunState, check_transition
 from relay.store import callback_nonces, dispatches, reported_states, rerun_requests, runs, test_results
 from relay.store.base import utcnow
+from relay.store.errors import guarded
 from relay.store.deliveries import DeliveryView
 from relay.store.pull_requests import PullRequest, PullRequestSnapshot
 
 __all__ = ["CallbackApplied", "CallbackUpdate", "ResultsOperations"]
-
-
-def _guarded(method):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except sa_exc.IntegrityError:
-            raise
-        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
-            from relay.store.store import StoreUnavailable, _describe
-
-            raise StoreUnavailable(f"store {self.safe_url} unavailable: {_describe(exc)}") from exc
-
-    return wrapper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +51,12 @@ class ResultsOperations:
     """Results-side operations; mixed into ``Store`` (which provides ``_transaction`` and ``safe_url``)."""
 
     # --- callbacks ------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def find_nonce(self, nonce: str) -> callback_nonces.NonceTarget | None:
         with self._transaction() as session:
             return callback_nonces.find(session, nonce)
 
-    @_guarded
+    @guarded
     def apply_callback(self, update: CallbackUpdate) -> CallbackApplied:
         """Bind the run, check the transition in :mod:`relay.runs`'s table, write it (and the tests)."""
         now = utcnow()
@@ -100,12 +84,12 @@ class ResultsOperations:
             return CallbackApplied(runs.view(row), previous, recorded)
 
     # --- sweeper --------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def adopt_dispatches(self, since: dt.datetime) -> tuple[list[int], list[int]]:
         with self._transaction() as session:
             return runs.adopt(session, utcnow(), since)
 
-    @_guarded
+    @guarded
     def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
         now = utcnow()
         with self._transaction() as session:
@@ -119,46 +103,46 @@ class ResultsOperations:
                 out.append((runs.view(row), reason))
             return out
 
-    @_guarded
+    @guarded
     def expire_nonces(self, sent_before: dt.datetime) -> int:
         with self._transaction() as session:
             return callback_nonces.expire(session, sent_before, utcnow())
 
     # --- reading runs ---------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def run(self, run_pk: int) -> runs.RunView | None:
         with self._transaction() as session:
             return runs.get(session, run_pk)
 
-    @_guarded
+    @guarded
     def runs(self, **filters: Any) -> list[runs.RunView]:
         """runs(backend=, pr_number=, upstream_repository=, head_sha=, since=, until=, states=, limit=, newest_first=)."""
         with self._transaction() as session:
             return runs.query(session, **filters)
 
-    @_guarded
+    @guarded
     def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[test_results.TestResultView]:
         with self._transaction() as session:
             return test_results.for_runs(session, run_pks, outcomes)
 
-    @_guarded
+    @guarded
     def test_history(self, test_id: str, limit: int = 200) -> list[test_results.TestResultView]:
         with self._transaction() as session:
             return test_results.history(session, test_id, limit)
 
-    @_guarded
+    @guarded
     def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[test_results.TestResultView]:
         with self._transaction() as session:
             return test_results.since(session, when, backend)
 
-    @_guarded
+    @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
         with self._transaction() as session:
             row = session.get(dispatches.Dispatch, dispatch_id)
             return None if row is None else dict(row.client_payload)
 
     # --- pull requests (read) -------------------------------------------------------------------
-    @_guarded
+    @guarded
     def pull_request(self, repository: str, number: int) -> PullRequestSnapshot | None:
         with self._transaction() as session:
             row = session.get(PullRequest, (repository, number))
@@ -169,7 +153,7 @@ class ResultsOperations:
                 labels=tuple(row.labels), source_updated_at=row.source_updated_at,
             )
 
-    @_guarded
+    @guarded
     def pull_requests_changed_since(self, when: dt.datetime) -> list[tuple[str, int, dt.datetime]]:
         with self._transaction() as session:
             rows = session.execute(
@@ -179,17 +163,17 @@ class ResultsOperations:
             return [(r[0], r[1], r[2]) for r in rows]
 
     # --- reporting ------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def reported_state(self, run_pk: int, target: str) -> reported_states.ReportedState | None:
         with self._transaction() as session:
             return reported_states.get(session, run_pk, target)
 
-    @_guarded
+    @guarded
     def reported_states(self, run_pks: Sequence[int]) -> list[reported_states.ReportedState]:
         with self._transaction() as session:
             return reported_states.for_runs(session, list(run_pks))
 
-    @_guarded
+    @guarded
     def record_reported_state(
         self, run_pk: int, target: str, state: str, *, external_id: int | None = None, last_error: str | None = None,
     ) -> None:
@@ -197,12 +181,12 @@ class ResultsOperations:
             reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error, now=utcnow())
 
     # --- re-runs --------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def unhandled_rerun_requests(self, limit: int = 50) -> list[DeliveryView]:
         with self._transaction() as session:
             return rerun_requests.unhandled(session, limit)
 
-    @_guarded
+    @guarded
     def record_rerun(
         self, delivery_id: str, *, outcome: str, reason: str | None = None,
         new_dispatches: Sequence[dispatches.NewDispatch] = (),
@@ -217,7 +201,7 @@ class ResultsOperations:
                 dispatches.add(session, delivery_id, new, now)
         return True
 
-    @_guarded
+    @guarded
     def rerun_request(self, delivery_id: str) -> rerun_requests.RerunRequestView | None:
         with self._transaction() as session:
             return rerun_requests.get_view(session, delivery_id)

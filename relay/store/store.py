@@ -11,7 +11,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
-import functools
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,33 +23,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from relay.store import backends, deliveries, dispatches, pull_requests
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
+from relay.store.errors import StoreUnavailable, describe, guarded
 from relay.store.group_commit import GroupCommitter, WriterClosed
 from relay.store.results import ResultsOperations
 
 __all__ = ["Store", "StoreUnavailable"]
-
-
-class StoreUnavailable(RuntimeError):
-    """The database could not be reached or refused the transaction (nothing was written)."""
-
-
-def _describe(exc: BaseException) -> str:
-    cause = getattr(exc, "orig", None) or exc
-    first_line = (str(cause).strip().splitlines() or [""])[0]
-    return f"{type(cause).__name__}: {first_line}"
-
-
-def _guarded(method):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except sa_exc.IntegrityError:
-            raise
-        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
-            raise StoreUnavailable(f"store {self.safe_url} unavailable: {_describe(exc)}") from exc
-
-    return wrapper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +61,11 @@ class Store(ResultsOperations):
             yield session
 
     # --- lifecycle ------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def migrate(self) -> None:
         run_migrations(self.engine)
 
-    @_guarded
+    @guarded
     def ping(self) -> None:
         with self.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
@@ -136,7 +113,7 @@ class Store(ResultsOperations):
                 return [exc]
             return [outcome for write in writes for outcome in self._write_deliveries([write])]
         except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
-            message = f"store {self.safe_url} unavailable: {_describe(exc)}"
+            message = f"store {self.safe_url} unavailable: {describe(exc)}"
             return [StoreUnavailable(message) for _ in writes]
 
     @staticmethod
@@ -161,18 +138,18 @@ class Store(ResultsOperations):
         )
         return stored
 
-    @_guarded
+    @guarded
     def delivery(self, delivery_id: str) -> deliveries.DeliveryView | None:
         with self._transaction() as session:
             return deliveries.get(session, delivery_id)
 
-    @_guarded
+    @guarded
     def pull_request_labels(self, repository: str, number: int) -> tuple[str, ...] | None:
         with self._transaction() as session:
             return pull_requests.labels(session, repository, number)
 
     # --- dispatch -------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def claim_dispatches(
         self, claimer: str, *, limit: int, lease_seconds: float, exclude_backends: Collection[str] = (),
         max_claims: int | None = None,
@@ -185,7 +162,7 @@ class Store(ResultsOperations):
                 limit=limit, exclude_backends=exclude_backends, max_claims=max_claims,
             )
 
-    @_guarded
+    @guarded
     def finish_dispatch(
         self, dispatch_id: int, claimer: str, *, state: str, attempted: bool, last_error: str | None = None,
         last_status: int | None = None, retry_in_seconds: float | None = None,
@@ -198,29 +175,29 @@ class Store(ResultsOperations):
                 last_error=last_error, last_status=last_status, next_attempt_at=next_at,
             )
 
-    @_guarded
+    @guarded
     def seconds_until_next_due(self) -> float | None:
         with self._transaction() as session:
             due = dispatches.next_due_at(session)
         return None if due is None else max(0.0, (due - utcnow()).total_seconds())
 
-    @_guarded
+    @guarded
     def outbox_depth(self) -> dict[str, int]:
         with self._transaction() as session:
             return dispatches.depth(session)
 
-    @_guarded
+    @guarded
     def dispatches(self, delivery_id: str | None = None) -> list[dispatches.DispatchView]:
         with self._transaction() as session:
             return dispatches.list_views(session, delivery_id)
 
     # --- backends -------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def sync_backends(self, records: Sequence[backends.BackendRecord]) -> None:
         with self._transaction() as session:
             backends.sync(session, list(records), utcnow())
 
-    @_guarded
+    @guarded
     def backends(self) -> list[backends.BackendRecord]:
         with self._transaction() as session:
             return backends.all_records(session)

@@ -4,7 +4,6 @@ with OIDC and with a static token, per-test results stored, and every refusal wi
 import json
 
 import httpx
-import pytest
 
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, report

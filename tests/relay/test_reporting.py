@@ -5,9 +5,7 @@ permanent GitHub errors are recorded, not retried."""
 
 import pytest
 
-from tests.relay.helpers import UPSTREAM
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
-from tests.relay.results_support import REPOS
 
 LABEL = "ciflow/crcr/l3"
 
