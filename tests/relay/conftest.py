@@ -35,7 +35,7 @@ def _postgres_unavailable() -> str | None:
             _postgres_problem.append(
                 f"no PostgreSQL at RELAY_TEST_POSTGRES_URL={POSTGRES_ADMIN_URL.split('@')[-1]} "
                 f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
-                "start it with `pg_ctlcluster 15 main start` and create the role (see docs/readme/relay-part1.md)"
+                "start it with `pg_ctlcluster 15 main start` and create the role (see .ci/postgres)"
             )
     return _postgres_problem[0]
 
