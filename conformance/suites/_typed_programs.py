@@ -8,7 +8,11 @@ single-process reference on the full tensors (float64, same rounded inputs) says
 the rank and the tensor. Rejected programs return the error they raised as ``"Type: message"``.
 
 Meshes: ``"1d"`` is the default group as one axis ``tp``; ``"dp_x_tp"`` needs 4 ranks (rank =
-2 * dp + tp) and gives every program a data-parallel outer axis.
+2 * dp + tp) and adds a data-parallel outer axis to the programs in ``MESH_PROGRAMS``: the batch
+is V on dp, weights are R on dp (their gradients sum over dp peers), the loss is reinterpreted
+V -> P on dp. The other programs have no 2-D form that tests anything new: FSDP, context- and
+expert-parallel and the vocab-parallel loss would only add that same batch split over dp; the
+Partial algebra, the regulariser and the unchecked missing-f program are properties of one axis.
 """
 
 from __future__ import annotations
@@ -203,41 +207,43 @@ def _sequence_parallel(mesh: Mesh, C, dtype, gamma_type: str) -> list[Check]:
     import spmd_types as st
 
     H, tp, r = 4 * mesh.tp_size, mesh.tp_size, mesh.tp_index
-    x, gamma = _rand(11, S, D, dtype=dtype), (1 + 0.5 * _rand(12, D)).to(dtype)
-    w1, w2, g = _rand(13, H, D, dtype=dtype), _rand(14, D, H, dtype=dtype), _rand(15, S, D, dtype=dtype)
-    x_l, g_l, gamma_l = _leaf(x.chunk(tp, 0)[r]), g.chunk(tp, 0)[r], _leaf(gamma)
-    w1_l, w2_l = _leaf(w1.chunk(tp, 0)[r]), _leaf(w2.chunk(tp, 1)[r])
-    st.assert_type(x_l, {mesh.tp: st.S(0)})
-    st.assert_type(g_l, {mesh.tp: st.S(0)})
-    st.assert_type(w1_l, {mesh.tp: st.V})
-    st.assert_type(w2_l, {mesh.tp: st.V})
-    if gamma_type == "R":
-        st.assert_type(gamma_l, {mesh.tp: st.R})
-        gamma_used = gamma_l
-    else:
-        st.assert_type(gamma_l, {mesh.tp: st.I})
-        gamma_used = st.invariant_to_replicate(gamma_l, mesh.tp, **_wire(dtype))
+    # Each dp replica has its own S rows (a batch of one sequence), sharded on the sequence over tp.
+    x, gamma = _rand(11, mesh.dp_size * S, D, dtype=dtype), (1 + 0.5 * _rand(12, D)).to(dtype)
+    w1, w2, g = _rand(13, H, D, dtype=dtype), _rand(14, D, H, dtype=dtype), _rand(15, mesh.dp_size * S, D, dtype=dtype)
+    x_l, g_l = _leaf(_batch_slice(mesh, x).chunk(tp, 0)[r]), _batch_slice(mesh, g).chunk(tp, 0)[r]
+    gamma_l, w1_l, w2_l = _leaf(gamma), _leaf(w1.chunk(tp, 0)[r]), _leaf(w2.chunk(tp, 1)[r])
+    st.assert_type(x_l, mesh.types(st.S(0), st.V))
+    st.assert_type(g_l, mesh.types(st.S(0), st.V))
+    st.assert_type(w1_l, mesh.types(st.V, st.R))
+    st.assert_type(w2_l, mesh.types(st.V, st.R))
+    st.assert_type(gamma_l, mesh.types(getattr(st, gamma_type), st.R))
+    gamma_used = gamma_l if gamma_type == "R" else st.invariant_to_replicate(gamma_l, mesh.tp, **_wire(dtype))
     h = F.layer_norm(x_l, (D,), weight=gamma_used)
     full = C.all_gather(h, mesh.tp, src=st.S(0), dst=st.R, **_wire(dtype))
     out = F.linear(F.gelu(F.linear(full, w1_l)), w2_l)
     y = C.reduce_scatter(out, mesh.tp, src=st.P, dst=st.S(0), **_wire(dtype))
-    st.reinterpret((y * g_l).sum(), mesh.tp, src=st.V, dst=st.P).backward()
+    _loss_to_partial(mesh, st.reinterpret((y * g_l).sum(), mesh.tp, src=st.V, dst=st.P), st).backward()
 
     def ref(x, gamma, w1, w2):
         y = F.linear(F.gelu(F.linear(F.layer_norm(x, (D,), weight=gamma), w1)), w2)
         return (y * g.double()).sum(), y
 
+    def rows(full):
+        return _batch_slice(mesh, full).chunk(tp, 0)[r]
+
     y_ref, grads = _reference(ref, x=x, gamma=gamma, w1=w1, w2=w2)
     gamma_check = (Check("grad of gamma (R: the ranks' partial gradients sum to the reference)", gamma_l.grad,
-                         grads["gamma"], summed_over=tuple(range(tp)))
+                         grads["gamma"], summed_over=tuple(range(tp * mesh.dp_size)))
                    if gamma_type == "R" else
                    Check("grad of gamma (I after invariant_to_replicate: the full gradient on every rank)",
-                         gamma_l.grad, grads["gamma"]))
+                         gamma_l.grad, grads["gamma"], summed_over=_dp_peers(mesh)))
     return [
-        Check("output shard y (S(0): this rank's rows)", y, y_ref.chunk(tp, 0)[r]),
-        Check("grad of x (S(0): this rank's rows)", x_l.grad, grads["x"].chunk(tp, 0)[r]),
-        Check("grad of W1 (V: this rank's rows)", w1_l.grad, grads["w1"].chunk(tp, 0)[r]),
-        Check("grad of W2 (V: this rank's columns)", w2_l.grad, grads["w2"].chunk(tp, 1)[r]),
+        Check("output shard y (S(0): this rank's rows)", y, rows(y_ref)),
+        Check("grad of x (S(0): this rank's rows)", x_l.grad, rows(grads["x"])),
+        Check("grad of W1 (V: this rank's rows)", w1_l.grad, grads["w1"].chunk(tp, 0)[r],
+              summed_over=_dp_peers(mesh)),
+        Check("grad of W2 (V: this rank's columns)", w2_l.grad, grads["w2"].chunk(tp, 1)[r],
+              summed_over=_dp_peers(mesh)),
         gamma_check,
     ]
 
@@ -253,23 +259,36 @@ def program_sequence_parallel_gamma_I(mesh, C, dtype):
 
 
 def _data_parallel(mesh: Mesh, C, dtype, weight_type: str) -> list[Check]:
+    """The batch is split over the data axis: the one axis on "1d"; on "dp_x_tp", dp, with tensor
+    parallelism inside (the weight's columns split over tp, x made R there by invariant_to_replicate)."""
     import spmd_types as st
 
-    K, tp, r = 3, mesh.tp_size, mesh.tp_index
-    x, t, w = _rand(21, 4 * tp, D, dtype=dtype), _rand(22, 4 * tp, K, dtype=dtype), _rand(23, D, K, dtype=dtype)
-    x_l, t_l, w_l = x.chunk(tp, 0)[r], t.chunk(tp, 0)[r], _leaf(w)
-    st.assert_type(x_l, {mesh.tp: st.V})
-    st.assert_type(t_l, {mesh.tp: st.V})
-    if weight_type == "R":
-        st.assert_type(w_l, {mesh.tp: st.R})
-        w_used = w_l
-    else:
-        st.assert_type(w_l, {mesh.tp: st.I})
-        w_used = st.invariant_to_replicate(w_l, mesh.tp, **_wire(dtype))
-    local_loss = ((x_l @ w_used - t_l) ** 2).sum()
-    loss = st.reinterpret(local_loss, mesh.tp, src=st.V, dst=st.P)
+    tp_inside = mesh.dp is not None
+    data, data_size, data_index = (mesh.dp, mesh.dp_size, mesh.dp_index) if tp_inside else \
+        (mesh.tp, mesh.tp_size, mesh.tp_index)
+    K = 2 * mesh.tp_size if tp_inside else 3
+
+    def columns(tensor):  # this rank's tp columns of a [*, K] tensor (all of them without tp inside)
+        return tensor.chunk(mesh.tp_size, 1)[mesh.tp_index] if tp_inside else tensor
+
+    def typed(tensor, data_type, tp_type):
+        st.assert_type(tensor, {data: data_type, **({mesh.tp: tp_type} if tp_inside else {})})
+        return tensor
+
+    x, t = _rand(21, 4 * data_size, D, dtype=dtype), _rand(22, 4 * data_size, K, dtype=dtype)
+    w = _rand(23, D, K, dtype=dtype)
+    x_l = typed(x.chunk(data_size, 0)[data_index], st.V, st.I)
+    t_l = typed(columns(t.chunk(data_size, 0)[data_index]), st.V, st.V)
+    w_l = typed(_leaf(columns(w)), getattr(st, weight_type), st.V)
+    x_used = st.invariant_to_replicate(x_l, mesh.tp, **_wire(dtype)) if tp_inside else x_l
+    w_used = w_l if weight_type == "R" else st.invariant_to_replicate(w_l, data, **_wire(dtype))
+    loss = st.reinterpret(((x_used @ w_used - t_l) ** 2).sum(), data, src=st.V, dst=st.P)
+    if tp_inside:  # each tp rank's loss covers its own columns: Partial on tp too
+        loss = st.reinterpret(loss, mesh.tp, src=st.V, dst=st.P)
     loss.backward()
-    total = C.all_reduce(loss.detach(), mesh.tp, src=st.P, dst=st.I, **_wire(dtype))
+    total = C.all_reduce(loss.detach(), data, src=st.P, dst=st.I, **_wire(dtype))
+    if tp_inside:
+        total = C.all_reduce(total, mesh.tp, src=st.P, dst=st.I, **_wire(dtype))
 
     def ref(w):
         loss = ((x.double() @ w - t.double()) ** 2).sum()
@@ -279,11 +298,12 @@ def _data_parallel(mesh: Mesh, C, dtype, weight_type: str) -> list[Check]:
     checks = [Check("loss after all_reduce(P -> I) (the full-batch loss)", total, loss_ref)]
     if weight_type == "R":
         with st.no_typecheck():
-            reduced = C.raw_all_reduce(w_l.grad.contiguous(), mesh.tp)
-        checks.append(Check("grad of w (R) after all_reduce (the full-batch gradient)", reduced, grads["w"]))
+            reduced = C.raw_all_reduce(w_l.grad.contiguous(), data)
+        checks.append(Check("grad of w (R) after all_reduce (the full-batch gradient)", reduced,
+                            columns(grads["w"])))
     else:
         checks.append(Check("grad of w (I after invariant_to_replicate: the full-batch gradient on every rank)",
-                            w_l.grad, grads["w"]))
+                            w_l.grad, columns(grads["w"])))
     return checks
 
 
@@ -556,7 +576,8 @@ PROGRAMS: dict[str, Callable] = {
     "missing_f_unchecked": program_missing_f_unchecked,
 }
 UNCHECKED = {"missing_f_unchecked"}  # run without spmd-types' checker, on purpose
-MESH_PROGRAMS = {"tp_mlp"}  # programs that also run on the dp x tp mesh
+MESH_PROGRAMS = {"tp_mlp", "sequence_parallel_gamma_R", "sequence_parallel_gamma_I",
+                 "data_parallel_weight_R", "data_parallel_weight_I"}  # programs that also run on the dp x tp mesh
 
 
 def run_program(ctx, name: str, dtype_name: str, impl: str = "torch", mesh: str = "1d") -> list[Check]:
