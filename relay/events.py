@@ -1,8 +1,8 @@
 """Upstream events: a webhook payload reduced to the fields the relay and downstream runs need.
 
 Triggered by intake for every verified webhook. Reads the parsed JSON payload; writes nothing.
-``normalise`` turns a payload into an :class:`UpstreamEvent`; ``client_payload`` builds the trimmed
-``repository_dispatch`` body for one downstream repository. GitHub limits that body to 10 top-level
+``normalise`` turns a payload into an :class:`UpstreamEvent`; ``client_payloads`` builds the trimmed
+``repository_dispatch`` body for each downstream repository. GitHub limits that body to 10 top-level
 keys and 64 KB and ``event_type`` to 100 characters, while a webhook can be 25 MB: only the fields
 below are forwarded, and long strings are cut.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "PayloadError",
     "PullRequestInfo",
     "UpstreamEvent",
-    "client_payload",
+    "client_payloads",
     "event_type",
     "normalise",
 ]
@@ -167,8 +168,24 @@ def event_type(event: UpstreamEvent) -> str:
     return event.kind[:EVENT_TYPE_MAX_CHARS]
 
 
-def client_payload(event: UpstreamEvent, nonce: str) -> dict[str, Any]:
-    """The trimmed body for one dispatch; always under GitHub's key and size limits."""
+def client_payloads(event: UpstreamEvent, nonces: Sequence[str]) -> list[dict[str, Any]]:
+    """The trimmed body of each dispatch of ``event``, one per nonce; raises PayloadError over GitHub's limits.
+
+    The bodies differ only in their nonce, so the size is measured once per event, with the longest
+    nonce, rather than once per target (the store serialises each body again when it writes it).
+    """
+    bodies = [_client_payload(event, nonce) for nonce in nonces]
+    if bodies:
+        longest = max(bodies, key=lambda body: len(body["nonce"]))
+        # Strings are cut to 255 characters and labels to 100, which keeps ASCII text far below 64 KB;
+        # JSON escapes other characters (up to 12 bytes each), so the limit is still checked.
+        size = len(json.dumps(longest, separators=(",", ":")).encode())
+        if size >= CLIENT_PAYLOAD_MAX_BYTES:
+            raise PayloadError(f"client_payload would be {size} bytes, over GitHub's limit of {CLIENT_PAYLOAD_MAX_BYTES}")
+    return bodies
+
+
+def _client_payload(event: UpstreamEvent, nonce: str) -> dict[str, Any]:
     pr = event.pull_request
     body: dict[str, Any] = {
         "event": event.event,
@@ -188,9 +205,4 @@ def client_payload(event: UpstreamEvent, nonce: str) -> dict[str, Any]:
         },
     }
     assert len(body) < CLIENT_PAYLOAD_MAX_KEYS
-    # Every string is cut to 255 characters and labels to 100, so the body stays far below 64 KB
-    # (about 30 KB at worst); the check keeps that promise visible.
-    size = len(json.dumps(body, separators=(",", ":")).encode())
-    if size >= CLIENT_PAYLOAD_MAX_BYTES:  # pragma: no cover - unreachable with the cuts above
-        raise PayloadError(f"client_payload would be {size} bytes, over GitHub's limit")
     return body

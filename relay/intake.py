@@ -15,6 +15,7 @@ other headers (400), content type (415) and JSON (400). Answers:
     202 {"status": "stored", ...}                  kept for the results side (issue_comment, check_run, check_suite)
     200 {"status": "duplicate"}                    this X-GitHub-Delivery was already stored: nothing new
     200 {"status": "ignored", "reason": ...}       another repository, or an event/action the relay does not handle
+    400 {"error": "invalid_payload"}              a field the event needs is missing, or its trimmed body is over GitHub's limits
     503 {"error": "store_unavailable"}             nothing stored: GitHub shows the failure; redeliver later
 """
 
@@ -145,17 +146,20 @@ def _answer(request: Request, hook: Webhook, status: int, outcome: str, **fields
     return JSONResponse({"status": outcome, "delivery": hook.delivery, **fields}, status_code=status)
 
 
+def _invalid(request: Request, hook: Webhook, exc: PayloadError) -> JSONResponse:
+    request.app.state.metrics.events.labels(hook.event, "invalid").inc()
+    return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
+
+
 def _new_dispatches(event: UpstreamEvent, targets: list[tiers.Target]) -> list[NewDispatch]:
-    result = []
-    for target in targets:
-        nonce = secrets.token_urlsafe(24)
-        result.append(
-            NewDispatch(
-                backend=target.name, repository=target.repository, event_type=events_mod.event_type(event),
-                client_payload=events_mod.client_payload(event, nonce), nonce=nonce,
-            )
-        )
-    return result
+    """One outbox row per target, each with its own nonce; raises PayloadError over GitHub's limits."""
+    nonces = [secrets.token_urlsafe(24) for _ in targets]
+    event_type = events_mod.event_type(event)
+    return [
+        NewDispatch(backend=target.name, repository=target.repository, event_type=event_type,
+                    client_payload=body, nonce=nonce)
+        for target, nonce, body in zip(targets, nonces, events_mod.client_payloads(event, nonces))
+    ]
 
 
 def _snapshot(event: UpstreamEvent) -> PullRequestSnapshot | None:
@@ -183,8 +187,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
     try:
         event = events_mod.normalise(hook.event, hook.delivery, hook.payload)
     except PayloadError as exc:
-        state.metrics.events.labels(hook.event, "invalid").inc()
-        return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
+        return _invalid(request, hook, exc)
 
     if hook.event == "pull_request" and event.action not in tiers.PR_ACTIONS:
         return _answer(request, hook, 200, "ignored", reason=f"action {event.kind!r} is not handled")
@@ -196,7 +199,10 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
     else:
         targets, reason = tiers.route(event, state.allowlist)
         outcome = "queued" if targets else "recorded"
-    new_dispatches = _new_dispatches(event, targets)
+    try:
+        new_dispatches = _new_dispatches(event, targets)
+    except PayloadError as exc:
+        return _invalid(request, hook, exc)
     delivery = NewDelivery(
         delivery_id=hook.delivery, event=hook.event, action=event.action, repository=event.repository,
         outcome="dispatched" if targets else outcome, summary=event.summary(), reason=reason, payload=raw,

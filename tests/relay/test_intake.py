@@ -108,6 +108,26 @@ def test_long_strings_are_cut_to_stay_under_the_limits(relay):
     assert {d.state for d in relay.store.dispatches()} == {"sent"}
 
 
+def test_labels_too_large_for_github_even_when_cut_are_400_and_nothing_is_stored(relay):
+    # JSON escapes each character outside the BMP as 12 bytes: 100 such labels stay over 64 KB after the cuts.
+    payload = pr_payload(labels=tuple(f"{i:02d}" + "\U0001F680" * 60 for i in range(100)))
+    response = relay.post("pull_request", payload, delivery="emoji-1")
+    assert response.status_code == 400 and response.json()["error"] == "invalid_payload"
+    assert "over GitHub's limit" in response.json()["detail"] and "emoji-1" in response.json()["detail"]
+    assert relay.store.delivery("emoji-1") is None and relay.store.dispatches() == []
+
+
+def test_client_payloads_differ_only_in_their_nonce():
+    from relay.events import client_payloads, normalise
+
+    event = normalise("pull_request", "d-1", pr_payload(labels=("a", "b")))
+    first, second = client_payloads(event, ["n" * 32, "m" * 32])
+    assert first["nonce"] == "n" * 32 and second["nonce"] == "m" * 32
+    assert {**first, "nonce": None} == {**second, "nonce": None}
+    assert first["pull_request"]["labels"] == ["a", "b"] and first["delivery"] == "d-1"
+    assert client_payloads(event, []) == []
+
+
 # --- routing per level and label -------------------------------------------------------------------
 
 @pytest.mark.parametrize("action", ["opened", "reopened", "synchronize", "closed"])
