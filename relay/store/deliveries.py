@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Connection, DateTime, String, Text, insert, select
+from sqlalchemy import JSON, Connection, DateTime, String, Text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -63,11 +63,6 @@ class DeliveryView:
     payload: str | None
 
 
-def add(session: Session, new: NewDelivery, now: dt.datetime) -> None:
-    # A Core insert: intake writes one per webhook, and the ORM unit of work would double its cost.
-    session.execute(insert(Delivery).values(received_at=now, **dataclasses.asdict(new)))
-
-
 def insert_new(connection: Connection, rows: Sequence[dict[str, Any]]) -> set[str]:
     """Insert the rows whose ``delivery_id`` is not in the table yet; return the ids inserted.
 
@@ -85,10 +80,6 @@ def _insert_new_statement(dialect_name: str):
     # Built once per dialect: constructing the statement costs more than running it for a small batch.
     dialect = postgresql if dialect_name == "postgresql" else sqlite
     return dialect.insert(Delivery).on_conflict_do_nothing(index_elements=["delivery_id"]).returning(Delivery.delivery_id)
-
-
-def exists(session: Session, delivery_id: str) -> bool:
-    return session.scalar(select(Delivery.delivery_id).where(Delivery.delivery_id == delivery_id)) is not None
 
 
 def get(session: Session, delivery_id: str) -> DeliveryView | None:

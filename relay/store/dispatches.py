@@ -108,11 +108,8 @@ class DispatchView:
 
 
 def add(session: Session, delivery_id: str, new: NewDispatch, now: dt.datetime) -> None:
-    add_many(session, delivery_id, [new], now)
-
-
-def add_many(session: Session, delivery_id: str, new: Sequence[NewDispatch], now: dt.datetime) -> None:
-    insert_rows(session.connection(), [queued_row(delivery_id, item, now) for item in new])
+    """Queue one outbox row inside ``session``'s transaction (re-runs; intake goes through ``insert_rows``)."""
+    insert_rows(session.connection(), [queued_row(delivery_id, new, now)])
 
 
 def queued_row(delivery_id: str, new: NewDispatch, now: dt.datetime) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-
 from collections.abc import Sequence
 
 from sqlalchemy import JSON, Connection, DateTime, Integer, String
@@ -44,10 +43,6 @@ class PullRequestSnapshot:
     state: str
     labels: tuple[str, ...]
     source_updated_at: str
-
-
-def upsert(session: Session, snapshot: PullRequestSnapshot, now: dt.datetime) -> None:
-    upsert_many(session.connection(), [(snapshot, now)])
 
 
 def upsert_many(connection: Connection, snapshots: Sequence[tuple[PullRequestSnapshot, dt.datetime]]) -> None:
