@@ -84,11 +84,7 @@ def database_url(request, tmp_path: Path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'relay.db'}"
         return
-    problem = _postgres_unavailable()
-    if problem:
-        pytest.skip(problem)
-    with postgres_database() as url:
-        yield url
+    yield from _fresh_postgres_url()
 
 
 @pytest.fixture
@@ -99,11 +95,26 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def postgres_url():
+    yield from _fresh_postgres_url()
+
+
+def _fresh_postgres_url():
     problem = _postgres_unavailable()
     if problem:
         pytest.skip(problem)
     with postgres_database() as url:
         yield url
+
+
+@pytest.fixture
+def store(database_url):
+    """A migrated store on each database; closed (pending writes committed) at teardown."""
+    from relay.store import Store
+
+    store = Store(database_url)
+    store.migrate()
+    yield store
+    store.close()
 
 
 @pytest.fixture

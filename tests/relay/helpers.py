@@ -81,6 +81,22 @@ def push_payload(*, repository: str = UPSTREAM, ref: str = "refs/heads/main", af
     }
 
 
+def new_delivery(delivery_id: str):
+    """A push delivery to write straight into a store."""
+    from relay.store import NewDelivery
+
+    return NewDelivery(delivery_id=delivery_id, event="push", action=None, repository=UPSTREAM,
+                       outcome="dispatched", summary={"head_sha": "c" * 40})
+
+
+def new_dispatches(delivery_id: str, backends=("a", "b"), nonce: str | None = None) -> list:
+    """One outbox row per backend (``org/<backend>``); nonces ``<delivery>-<backend>`` unless ``nonce`` is given."""
+    from relay.store import NewDispatch
+
+    return [NewDispatch(backend=b, repository=f"org/{b}", event_type="push", client_payload={"delivery": delivery_id},
+                        nonce=nonce or f"{delivery_id}-{b}") for b in backends]
+
+
 @dataclasses.dataclass
 class RelayUnderTest:
     """A relay app served by uvicorn on 127.0.0.1 in this process (real HTTP), with its fake GitHub."""

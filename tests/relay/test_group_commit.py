@@ -12,30 +12,13 @@ import threading
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, Store, StoreUnavailable
-
-
-@pytest.fixture
-def store(database_url):
-    store = Store(database_url)
-    store.migrate()
-    yield store
-    store.close()
-
-
-def _delivery(delivery_id: str) -> NewDelivery:
-    return NewDelivery(delivery_id=delivery_id, event="push", action=None, repository="pytorch/pytorch",
-                       outcome="dispatched", summary={"head_sha": "c" * 40})
-
-
-def _dispatches(delivery_id: str, backends=("a", "b"), nonce: str | None = None) -> list[NewDispatch]:
-    return [NewDispatch(backend=b, repository=f"org/{b}", event_type="push", client_payload={"delivery": delivery_id},
-                        nonce=nonce or f"{delivery_id}-{b}") for b in backends]
+from relay.store import PullRequestSnapshot, Store, StoreUnavailable
+from tests.relay.helpers import new_delivery, new_dispatches
 
 
 def test_first_copy_wins_and_later_copies_are_duplicates(store):
     ids = ["d1", "d2", "d1", "d3", "d2", "d1"]
-    futures = [store.submit_delivery(_delivery(i), _dispatches(i)) for i in ids]
+    futures = [store.submit_delivery(new_delivery(i), new_dispatches(i)) for i in ids]
     assert [f.result(timeout=30) for f in futures] == [True, True, False, True, False, False]
     assert sorted((d.delivery_id, d.backend) for d in store.dispatches()) == [
         ("d1", "a"), ("d1", "b"), ("d2", "a"), ("d2", "b"), ("d3", "a"), ("d3", "b")]
@@ -45,9 +28,9 @@ def test_first_copy_wins_and_later_copies_are_duplicates(store):
 
 def test_a_webhook_breaking_a_constraint_fails_alone(store):
     futures = [
-        store.submit_delivery(_delivery("ok-1"), _dispatches("ok-1", ["a"])),
-        store.submit_delivery(_delivery("clash"), _dispatches("clash", ["a"], nonce="ok-1-a")),  # nonce taken
-        store.submit_delivery(_delivery("ok-2"), _dispatches("ok-2", ["a"])),
+        store.submit_delivery(new_delivery("ok-1"), new_dispatches("ok-1", ["a"])),
+        store.submit_delivery(new_delivery("clash"), new_dispatches("clash", ["a"], nonce="ok-1-a")),  # nonce taken
+        store.submit_delivery(new_delivery("ok-2"), new_dispatches("ok-2", ["a"])),
     ]
     assert futures[0].result(timeout=30) is True
     with pytest.raises(IntegrityError):
@@ -62,9 +45,9 @@ def test_newest_pull_request_snapshot_wins_within_a_batch(store):
         return PullRequestSnapshot("pytorch/pytorch", 9, "a" * 40, "open", labels, at)
 
     futures = [
-        store.submit_delivery(_delivery("p1"), (), snap(("new",), "2024-01-01T00:00:03Z")),
-        store.submit_delivery(_delivery("p2"), (), snap(("old",), "2024-01-01T00:00:01Z")),
-        store.submit_delivery(_delivery("p1"), (), snap(("duplicate",), "2024-01-01T00:00:09Z")),  # not applied
+        store.submit_delivery(new_delivery("p1"), (), snap(("new",), "2024-01-01T00:00:03Z")),
+        store.submit_delivery(new_delivery("p2"), (), snap(("old",), "2024-01-01T00:00:01Z")),
+        store.submit_delivery(new_delivery("p1"), (), snap(("duplicate",), "2024-01-01T00:00:09Z")),  # not applied
     ]
     assert [f.result(timeout=30) for f in futures] == [True, True, False]
     assert store.pull_request_labels("pytorch/pytorch", 9) == ("new",)
@@ -72,7 +55,7 @@ def test_newest_pull_request_snapshot_wins_within_a_batch(store):
 
 def test_many_threads_each_get_their_own_answer(store):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda i: store.record_delivery(_delivery(f"t{i % 40}"), _dispatches(f"t{i % 40}")),
+        answers = list(pool.map(lambda i: store.record_delivery(new_delivery(f"t{i % 40}"), new_dispatches(f"t{i % 40}")),
                                 range(120)))
     assert answers.count(True) == 40 and answers.count(False) == 80
     assert len(store.dispatches()) == 80
@@ -81,11 +64,11 @@ def test_many_threads_each_get_their_own_answer(store):
 def test_close_commits_what_is_pending_then_refuses(database_url):
     store = Store(database_url)
     store.migrate()
-    futures = [store.submit_delivery(_delivery(f"c{i}"), _dispatches(f"c{i}")) for i in range(20)]
+    futures = [store.submit_delivery(new_delivery(f"c{i}"), new_dispatches(f"c{i}")) for i in range(20)]
     store.close()
     assert all(f.done() and f.result() is True for f in futures)
     with pytest.raises(StoreUnavailable, match="closed"):
-        store.submit_delivery(_delivery("late"), _dispatches("late"))
+        store.submit_delivery(new_delivery("late"), new_dispatches("late"))
     reopened = Store(database_url)
     try:
         assert len(reopened.dispatches()) == 40

@@ -9,26 +9,9 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from relay.store import BackendRecord, NewDelivery, NewDispatch, PullRequestSnapshot, Store
+from relay.store import BackendRecord, NewDispatch, PullRequestSnapshot, Store
 from relay.store.models import Base
-
-
-@pytest.fixture
-def store(database_url):
-    store = Store(database_url)
-    store.migrate()
-    yield store
-    store.close()
-
-
-def _delivery(delivery_id: str) -> NewDelivery:
-    return NewDelivery(delivery_id=delivery_id, event="push", action=None, repository="pytorch/pytorch",
-                       outcome="dispatched", summary={"head_sha": "c" * 40})
-
-
-def _dispatches(delivery_id: str, backends=("a", "b")) -> list[NewDispatch]:
-    return [NewDispatch(backend=b, repository=f"org/{b}", event_type="push", client_payload={"delivery": delivery_id},
-                        nonce=f"{delivery_id}-{b}") for b in backends]
+from tests.relay.helpers import new_delivery, new_dispatches
 
 
 def test_migrations_match_the_models_and_rerun_cleanly(store):
@@ -38,26 +21,26 @@ def test_migrations_match_the_models_and_rerun_cleanly(store):
 
 
 def test_delivery_and_dispatches_are_written_together(store):
-    assert store.record_delivery(_delivery("d1"), _dispatches("d1"))
-    assert store.record_delivery(_delivery("d1"), _dispatches("d1")) is False
+    assert store.record_delivery(new_delivery("d1"), new_dispatches("d1"))
+    assert store.record_delivery(new_delivery("d1"), new_dispatches("d1")) is False
     assert [(d.backend, d.state, d.attempts) for d in store.dispatches()] == [("a", "queued", 0), ("b", "queued", 0)]
 
 
 def test_a_failed_write_leaves_nothing_behind(store):
     from sqlalchemy.exc import IntegrityError
 
-    store.record_delivery(_delivery("d1"), _dispatches("d1"))
+    store.record_delivery(new_delivery("d1"), new_dispatches("d1"))
     # The second delivery reuses a nonce: its dispatch insert fails, and so must its delivery row.
     clash = [NewDispatch(backend="a", repository="org/a", event_type="push", client_payload={}, nonce="d1-a")]
     with pytest.raises(IntegrityError):
-        store.record_delivery(_delivery("d2"), clash)
+        store.record_delivery(new_delivery("d2"), clash)
     assert store.delivery("d2") is None
     assert len(store.dispatches()) == 2
 
 
 def test_claim_takes_the_oldest_row_per_backend(store):
-    store.record_delivery(_delivery("d1"), _dispatches("d1"))
-    store.record_delivery(_delivery("d2"), _dispatches("d2"))
+    store.record_delivery(new_delivery("d1"), new_dispatches("d1"))
+    store.record_delivery(new_delivery("d2"), new_dispatches("d2"))
     claimed = store.claim_dispatches("p1", limit=10, lease_seconds=30)
     assert sorted((c.delivery_id, c.backend) for c in claimed) == [("d1", "a"), ("d1", "b")]
     assert store.claim_dispatches("p1", limit=10, lease_seconds=30, exclude_backends={"a", "b"}) == []
@@ -67,7 +50,7 @@ def test_claim_takes_the_oldest_row_per_backend(store):
 
 
 def test_outcome_needs_the_claim(store):
-    store.record_delivery(_delivery("d1"), _dispatches("d1", ["a"]))
+    store.record_delivery(new_delivery("d1"), new_dispatches("d1", ["a"]))
     [row] = store.claim_dispatches("p1", limit=10, lease_seconds=30)
     assert store.finish_dispatch(row.id, "someone-else", state="sent", attempted=True) is False
     assert store.finish_dispatch(row.id, "p1", state="sent", attempted=True, last_status=204) is True
@@ -77,7 +60,7 @@ def test_outcome_needs_the_claim(store):
 
 
 def test_expired_lease_is_claimed_again(store):
-    store.record_delivery(_delivery("d1"), _dispatches("d1", ["a"]))
+    store.record_delivery(new_delivery("d1"), new_dispatches("d1", ["a"]))
     [row] = store.claim_dispatches("dead-process", limit=10, lease_seconds=0.2)
     assert store.claim_dispatches("p2", limit=10, lease_seconds=30) == []
     time.sleep(0.3)
@@ -88,7 +71,7 @@ def test_expired_lease_is_claimed_again(store):
 
 
 def test_retry_is_not_claimable_before_it_is_due(store):
-    store.record_delivery(_delivery("d1"), _dispatches("d1", ["a"]))
+    store.record_delivery(new_delivery("d1"), new_dispatches("d1", ["a"]))
     [row] = store.claim_dispatches("p1", limit=10, lease_seconds=30)
     store.finish_dispatch(row.id, "p1", state="queued", attempted=True, last_error="502", retry_in_seconds=0.3)
     assert store.claim_dispatches("p1", limit=10, lease_seconds=30) == []
@@ -98,7 +81,7 @@ def test_retry_is_not_claimable_before_it_is_due(store):
 
 
 def test_outbox_depth_counts_states(store):
-    store.record_delivery(_delivery("d1"), _dispatches("d1", ["a", "b", "c"]))
+    store.record_delivery(new_delivery("d1"), new_dispatches("d1", ["a", "b", "c"]))
     claimed = store.claim_dispatches("p1", limit=10, lease_seconds=30, max_claims=2)
     store.finish_dispatch(claimed[0].id, "p1", state="failed", attempted=True, last_error="404")
     assert store.outbox_depth() == {"queued": 1, "sending": 1, "sent": 0, "failed": 1}
@@ -115,10 +98,10 @@ def test_pull_request_labels_newest_snapshot_wins(store):
     def snap(labels, at):
         return PullRequestSnapshot("pytorch/pytorch", 5, "a" * 40, "open", labels, at)
 
-    store.record_delivery(_delivery("d1"), (), snap(("x",), "2024-01-01T00:00:02Z"))
-    store.record_delivery(_delivery("d2"), (), snap(("x", "y"), "2024-01-01T00:00:01Z"))
+    store.record_delivery(new_delivery("d1"), (), snap(("x",), "2024-01-01T00:00:02Z"))
+    store.record_delivery(new_delivery("d2"), (), snap(("x", "y"), "2024-01-01T00:00:01Z"))
     assert store.pull_request_labels("pytorch/pytorch", 5) == ("x",)
-    store.record_delivery(_delivery("d3"), (), snap((), "2024-01-01T00:00:03Z"))
+    store.record_delivery(new_delivery("d3"), (), snap((), "2024-01-01T00:00:03Z"))
     assert store.pull_request_labels("pytorch/pytorch", 5) == ()
     assert store.pull_request_labels("pytorch/pytorch", 6) is None
 
@@ -129,7 +112,7 @@ def test_concurrent_claimers_never_share_a_row(database_url):
     stores[0].migrate()
     backends = [f"b{i}" for i in range(10)]
     for index in range(20):
-        stores[0].record_delivery(_delivery(f"d{index}"), _dispatches(f"d{index}", backends))
+        stores[0].record_delivery(new_delivery(f"d{index}"), new_dispatches(f"d{index}", backends))
 
     def drain(args):
         store, name = args
