@@ -7,8 +7,9 @@ writes outbox rows through the store; calls GitHub through :mod:`relay.github`.
 How it works, in order:
 
 1. One loop thread claims due rows: the oldest of each backend that is idle (no call in flight) and
-   whose credential may send (not rate limited, pacing allows). A claim is a lease: if this process
-   dies, the row becomes claimable again when the lease runs out, so nothing is lost.
+   whose credential may send (not rate limited, pacing allows), and no more rows than those credentials
+   may send now. A claim is a lease: if this process dies, the row becomes claimable again when the
+   lease runs out, so nothing is lost.
 2. Each claimed row is sent on a worker thread; backends never wait for each other, so one slow or
    failing downstream delays only its own lane.
 3. The outcome is written back: ``sent``; ``queued`` again with exponential backoff and jitter
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 import uuid
@@ -66,10 +68,16 @@ class CredentialGates:
             until = self._clock() + seconds
             self._resting_until[credential] = max(until, self._resting_until.get(credential, 0.0))
 
-    def wait_for(self, credential: str) -> float:
-        """Seconds before ``credential`` may send again (0 when it may send now)."""
+    def allowance(self, credential: str) -> int:
+        """How many calls ``credential`` may make now: 0 while it rests, else the whole tokens in its bucket."""
         with self._lock:
-            return self._wait_locked(credential, take=False)
+            now = self._clock()
+            if self._resting_until.get(credential, 0.0) > now:
+                return 0
+            if self._rate <= 0:
+                return sys.maxsize
+            tokens, at = self._buckets.get(credential, (self._capacity, now))
+            return int(min(self._capacity, tokens + (now - at) * self._rate))
 
     def take(self, credential: str) -> float:
         """Reserve one call now and return 0, or return the seconds to wait (nothing reserved)."""
@@ -199,12 +207,20 @@ class Dispatcher:
         wait = self.poll_seconds if due_in is None else min(self.poll_seconds, due_in + 0.01)
         return max(wait, 0.005)
 
-    def _excluded(self) -> set[str]:
+    def _claim_bounds(self) -> tuple[set[str], int | None]:
+        """Backends not to claim for (busy, or their credential may not send now), and at most how many
+        rows to claim: the calls the known credentials may make now (None: none of them may).
+
+        A row claimed beyond its credential's allowance would only be put back (a second transaction for
+        nothing). Credentials are learnt on a backend's first send; until then its rows are not bounded.
+        """
         with self._lock:
             excluded = set(self._busy)
             credentials = dict(self._credential_of)
-        excluded.update(b for b, c in credentials.items() if self.gates.wait_for(c) > 0)
-        return excluded
+        allowance = {credential: self.gates.allowance(credential) for credential in set(credentials.values())}
+        excluded.update(backend for backend, credential in credentials.items() if allowance[credential] == 0)
+        open_calls = [calls for calls in allowance.values() if calls > 0]
+        return excluded, (sum(open_calls) if open_calls else None)
 
     def claim_once(self) -> list[ClaimedDispatch]:
         """Claim what may be sent now, mark those backends busy, and return the claimed rows."""
@@ -212,9 +228,10 @@ class Dispatcher:
             free = self.concurrency - len(self._busy)
         if free <= 0:
             return []
+        excluded, allowed = self._claim_bounds()
         claimed = self.store.claim_dispatches(
             self.claimer, limit=max(4 * free, 64), lease_seconds=self.lease_seconds,
-            exclude_backends=self._excluded(), max_claims=free,
+            exclude_backends=excluded, max_claims=free if allowed is None else min(free, allowed),
         )
         with self._lock:
             self._busy.update(row.backend for row in claimed)

@@ -196,3 +196,28 @@ def test_pacing_spreads_calls_per_credential(relay_factory, database_url, one_ba
     relay.post("push", push_payload())
     relay.wait_settled()
     assert _only_dispatch(relay).state == "sent"
+
+
+def test_claims_stop_at_what_the_credential_may_send(database_url, fake_github):
+    """Rows beyond the pacing allowance stay queued instead of being claimed and put back."""
+    from relay.dispatch import Dispatcher
+    from relay.github import GitHubClient
+    from relay.store import Store
+    from tests.relay.helpers import new_delivery, new_dispatches
+
+    store = Store(database_url)
+    store.migrate()
+    dispatcher = Dispatcher(store, GitHubClient(fake_github.url, token="test-token"), requests_per_minute=3)
+    try:
+        store.record_delivery(new_delivery("first"), new_dispatches("first", ["a"]))
+        [first] = dispatcher.claim_once()
+        dispatcher._send(first)  # the worker's entry point: teaches the credential, spends one of 3 calls
+        assert dispatcher.gates.allowance("token") == 2
+        store.record_delivery(new_delivery("burst"), new_dispatches("burst", ["a", "b", "c", "d"]))
+        claimed = dispatcher.claim_once()
+        assert [row.backend for row in claimed] == ["a", "b"]
+        assert {d.backend: d.state for d in store.dispatches("burst")} == {
+            "a": "sending", "b": "sending", "c": "queued", "d": "queued"}
+        assert all(d.last_error is None for d in store.dispatches())  # nothing was put back
+    finally:
+        store.close()
