@@ -19,7 +19,6 @@ The next call then runs on a healthy pool. ``events`` records each of these for 
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import tempfile
@@ -108,17 +107,12 @@ class RankPool:
         self.generation = 0
         self.spawns = 0
         self.events: list[str] = []
-        self._call_ids = itertools.count(1)
         self.closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
     def started(self) -> bool:
         return bool(self.ranks)
-
-    @property
-    def device(self) -> str:
-        return self.device_type
 
     def pids(self) -> list[int]:
         return [r.pid for r in self.ranks]
@@ -153,13 +147,18 @@ class RankPool:
             RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env)
             for rank in range(self.world_size)
         ]
-        replies = self._collect({protocol.READY}, self.startup_timeout, what="start-up")
-        failed = [r for r in replies.values() if r[0] != protocol.READY]
-        if failed:
-            errors = [self._as_remote_error(rank, reply) for rank, reply in replies.items()
-                      if reply[0] != protocol.READY]
-            self._teardown(f"start-up failed on rank(s) {', '.join(str(e.rank) for e in errors)}")
+        replies = self._collect({protocol.READY, protocol.INIT_FAILED}, self.startup_timeout)
+        errors = [self._as_remote_error(rank, reply) for rank, reply in sorted(replies.items())
+                  if reply[0] != protocol.READY]
+        missing = [r.rank for r in self.ranks if r.rank not in replies]
+        if errors:
+            self._teardown(f"start-up failed on rank(s) {_listed(e.rank for e in errors)}")
             raise RankCrashed(f"{self._label()}: the pool could not start", errors)
+        if missing:
+            self._teardown(f"start-up timed out after {self.startup_timeout:g} s")
+            raise RankTimeout(
+                f"{self._label()}: start-up timed out after {self.startup_timeout:g} s; no answer from rank "
+                f"{_listed(missing)} (a slow setup module, or a process group that cannot form)")
 
     def close(self) -> None:
         """Shut every rank down (killing stragglers) and remove the pool's directory."""
@@ -200,44 +199,50 @@ class RankPool:
     def run_with_timeout(self, timeout: float, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
         module, qualname, path = _describe(fn)
         self.start()
-        call_id = next(self._call_ids)
         for rank in self.ranks:
-            protocol.send(rank.conn, protocol.CALL, call_id=call_id, module=module, qualname=qualname,
-                          path=path, args=args, kwargs=kwargs)
-        replies = self._collect({protocol.RESULT, protocol.ERROR}, timeout, what=qualname, grace=self.grace)
+            protocol.send(rank.conn, protocol.CALL, module=module, qualname=qualname, path=path,
+                          args=args, kwargs=kwargs)
+        replies = self._collect({protocol.RESULT, protocol.ERROR}, timeout, grace=self.grace)
         return self._outcome(qualname, timeout, replies)
 
     def _outcome(self, what: str, timeout: float, replies: dict[int, tuple]) -> list[Any]:
-        gone = [r for r, reply in replies.items() if reply[0] is protocol.RANK_GONE]
+        """The results in rank order, or the error that says what went wrong (after recovering).
+
+        Every rank answered with a result -> results. Otherwise, in order of severity: a rank died ->
+        respawn, ``RankCrashed``; nobody raised but some did not answer -> respawn, ``RankTimeout``;
+        some raised and others did not answer (stuck in a collective) -> respawn, ``RankError``; some
+        raised and all answered -> fresh process group, ``RankError``.
+        """
         errors = [self._as_remote_error(r, reply) for r, reply in sorted(replies.items())
-                  if reply[0] in (protocol.ERROR, protocol.RANK_GONE)]
+                  if reply[0] != protocol.RESULT]
         missing = [r.rank for r in self.ranks if r.rank not in replies]
+        if not errors and not missing:
+            return [replies[r][1]["value"] for r in range(self.world_size)]
+        gone = [e.rank for e in errors if replies[e.rank][0] is protocol.RANK_GONE]
         if gone:
             self._teardown(f"rank {gone[0]} died during {what}")
-            raise RankCrashed(f"{self._label()}: rank {', '.join(map(str, gone))} died during {what}", errors)
-        if missing and not errors:
+            raise RankCrashed(f"{self._label()}: rank {_listed(gone)} died during {what}", errors)
+        if not errors:
             self._teardown(f"{what} timed out after {timeout:g} s")
             raise RankTimeout(
                 f"{self._label()}: {what} timed out after {timeout:g} s; no answer from rank "
-                f"{', '.join(map(str, missing))} (hung, or waiting in a collective for a peer)", errors)
-        if errors:
-            failing = ", ".join(str(e.rank) for e in errors)
-            if missing:
-                self._teardown(f"rank {failing} raised and rank {', '.join(map(str, missing))} did not finish")
-                raise RankError(
-                    f"{self._label()}: {what} raised on rank {failing}; rank "
-                    f"{', '.join(map(str, missing))} did not finish within {self.grace:g} s after that "
-                    "(likely blocked in a collective); the pool was respawned", errors)
-            self._reset_group(what)
-            raise RankError(f"{self._label()}: {what} raised on rank {failing}", errors)
-        return [replies[r][1]["value"] for r in range(self.world_size)]
+                f"{_listed(missing)} (hung, or waiting in a collective for a peer)")
+        failing = _listed(e.rank for e in errors)
+        if missing:
+            self._teardown(f"rank {failing} raised and rank {_listed(missing)} did not finish")
+            raise RankError(
+                f"{self._label()}: {what} raised on rank {failing}; rank {_listed(missing)} did not "
+                f"finish within {self.grace:g} s after that (likely blocked in a collective); the pool "
+                "was respawned", errors)
+        self._reset_group(what)
+        raise RankError(f"{self._label()}: {what} raised on rank {failing}", errors)
 
     def _reset_group(self, what: str) -> None:
         """Give every rank a fresh process group; respawn the pool if that fails."""
         self.generation += 1
         for rank in self.ranks:
             protocol.send(rank.conn, protocol.RESET_GROUP, generation=self.generation)
-        replies = self._collect({protocol.GROUP_READY, protocol.ERROR}, 60.0, what="group reset")
+        replies = self._collect({protocol.GROUP_READY, protocol.ERROR}, 60.0)
         if len(replies) == self.world_size and all(r[0] == protocol.GROUP_READY for r in replies.values()):
             self.events.append(f"process group replaced after {what} raised")
         else:
@@ -253,9 +258,10 @@ class RankPool:
             return RemoteError(rank, "InitFailed", "rank failed to start", body["traceback"])
         return RemoteError(rank, body["exc_type"], body["message"], body["traceback"])
 
-    def _collect(self, wanted: set[str], timeout: float, *, what: str, grace: float | None = None
-                 ) -> dict[int, tuple]:
-        """Wait for one reply per rank; stop early ``grace`` s after the first error or death."""
+    def _collect(self, wanted: set[str], timeout: float, *, grace: float | None = None) -> dict[int, tuple]:
+        """{rank: (message name, body)}: one reply per rank of the ``wanted`` kinds, or ``RANK_GONE`` for
+        a rank whose channel closed, gathered for at most ``timeout`` s; with ``grace``, stop waiting
+        ``grace`` s after the first error or death (the others may be stuck in a collective)."""
         replies: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         by_conn = {r.conn: r for r in self.ranks}
@@ -270,13 +276,14 @@ class RankPool:
                     name, body = protocol.recv(conn)
                 except (EOFError, OSError):
                     rank.popen.wait(timeout=10)
-                    replies[rank.rank] = (protocol.RANK_GONE, {})
-                    continue
-                if name == protocol.INIT_FAILED or name in wanted:
+                    name, body = protocol.RANK_GONE, {}
+                if name in wanted or name is protocol.RANK_GONE:
                     replies[rank.rank] = (name, body)
-            failed = any(r[0] in (protocol.ERROR, protocol.RANK_GONE, protocol.INIT_FAILED)
-                         for r in replies.values())
-            if failed and grace is not None:
-                deadline = min(deadline, time.monotonic() + grace)
-                grace = None
+                if grace is not None and name in (protocol.ERROR, protocol.RANK_GONE):
+                    deadline = min(deadline, time.monotonic() + grace)
+                    grace = None
         return replies
+
+
+def _listed(ranks) -> str:
+    return ", ".join(map(str, ranks))

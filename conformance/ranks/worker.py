@@ -35,17 +35,19 @@ def _die_with_parent() -> None:
 
 def _resolve(module: str, qualname: str, path: str | None):
     try:
-        mod = importlib.import_module(module)
+        mod = importlib.import_module(module)  # also finds a module loaded by file on an earlier call
     except ModuleNotFoundError:
-        mod = sys.modules.get(module)
-        if mod is None:
-            if not path:
-                raise
-            # Test modules imported by pytest's rootdir logic are not on our sys.path: load by file.
-            spec = importlib.util.spec_from_file_location(module, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[module] = mod
+        if not path:
+            raise
+        # Test modules imported by pytest's rootdir logic are not on our sys.path: load by file.
+        spec = importlib.util.spec_from_file_location(module, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[module] = mod
+        try:
             spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[module]  # as the import system does: the next call retries, not half a module
+            raise
     obj: Any = mod
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -111,22 +113,21 @@ class Rank:
         )
         ctx.group = dist.group.WORLD
 
-    def on_call(self, call_id: int, module: str, qualname: str, path: str | None,
-                args: tuple, kwargs: dict) -> None:
+    def on_call(self, module: str, qualname: str, path: str | None, args: tuple, kwargs: dict) -> None:
         try:
             fn = _resolve(module, qualname, path)
             value = _to_cpu(fn(self.ctx, *args, **kwargs))
-            self.send(protocol.RESULT, call_id=call_id, value=value)
+            self.send(protocol.RESULT, value=value)
         except BaseException as exc:  # report everything, including SystemExit from the function
-            self.send(protocol.ERROR, call_id=call_id, exc_type=type(exc).__qualname__,
-                      message=str(exc), traceback=traceback.format_exc())
+            self.send(protocol.ERROR, exc_type=type(exc).__qualname__, message=str(exc),
+                      traceback=traceback.format_exc())
 
     def on_reset_group(self, generation: int) -> None:
         try:
             self.init_group(generation)
             self.send(protocol.GROUP_READY, generation=generation)
         except BaseException:
-            self.send(protocol.ERROR, call_id=-1, exc_type="ResetFailed", message="process group reset failed",
+            self.send(protocol.ERROR, exc_type="ResetFailed", message="process group reset failed",
                       traceback=traceback.format_exc())
 
     def serve(self) -> None:

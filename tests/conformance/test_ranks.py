@@ -142,6 +142,16 @@ def test_start_failure_is_reported_with_the_traceback():
     assert "No module named 'no_such_module_for_conformance'" in str(info.value)
 
 
+def test_start_up_that_never_answers_times_out_naming_the_ranks():
+    with RankPool(descriptor="slow", device_type="cpu", backend="gloo", world_size=2,
+                  setup_modules=("tests.conformance.slow_setup",), startup_timeout=2) as pool:
+        with pytest.raises(RankTimeout) as info:
+            pool.run(fns.rank_and_sum, 0)
+        assert pool.events == ["pool respawned: start-up timed out after 2 s"]
+        assert not pool.started
+    assert "slow pool (2 ranks, gloo): start-up timed out after 2 s; no answer from rank 0, 1" in str(info.value)
+
+
 def test_close_leaves_no_processes():
     pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2)
     pool.run(fns.rank_and_sum, 0)
