@@ -61,9 +61,10 @@ def test_outcome_needs_the_claim(store):
 
 def test_expired_lease_is_claimed_again(store):
     store.record_delivery(new_delivery("d1"), new_dispatches("d1", ["a"]))
-    [row] = store.claim_dispatches("dead-process", limit=10, lease_seconds=0.2)
+    # The lease is long enough that a loaded machine cannot expire it before the second claim.
+    [row] = store.claim_dispatches("dead-process", limit=10, lease_seconds=1.0)
     assert store.claim_dispatches("p2", limit=10, lease_seconds=30) == []
-    time.sleep(0.3)
+    time.sleep(1.1)
     [again] = store.claim_dispatches("p2", limit=10, lease_seconds=30)
     assert again.id == row.id
     assert store.finish_dispatch(row.id, "dead-process", state="sent", attempted=True) is False
