@@ -74,10 +74,10 @@ def test_expired_lease_is_claimed_again(store):
 def test_retry_is_not_claimable_before_it_is_due(store):
     store.record_delivery(new_delivery("d1"), new_dispatches("d1", ["a"]))
     [row] = store.claim_dispatches("p1", limit=10, lease_seconds=30)
-    store.finish_dispatch(row.id, "p1", state="queued", attempted=True, last_error="502", retry_in_seconds=0.3)
+    store.finish_dispatch(row.id, "p1", state="queued", attempted=True, last_error="502", retry_in_seconds=1.0)
     assert store.claim_dispatches("p1", limit=10, lease_seconds=30) == []
-    assert 0 < store.seconds_until_next_due() <= 0.3
-    time.sleep(0.35)
+    assert 0 < store.seconds_until_next_due() <= 1.0
+    time.sleep(1.05)
     assert [c.attempts for c in store.claim_dispatches("p1", limit=10, lease_seconds=30)] == [1]
 
 
