@@ -84,14 +84,22 @@ def _build(ctx, path, spec, artifact: Path, scratch: Path) -> None:
             path.build_to(forward, spec.build(ctx), spec.example(ctx), spec.dynamic_batch, target, scratch)
 
 
-def ensure_built(ctx, path, spec) -> dict:
-    """Collective over the group: after it, rank 0's artifact exists; returns its build record."""
+def ensure_built(ctx, path, spec) -> tuple[Path, dict]:
+    """Collective over the group: after it, rank 0's artifact exists; returns it and its build record."""
     artifact = _artifact(ctx, path, spec)
     _barrier(ctx)  # nobody is building: every rank sees the same answer to "is it there?"
     if not Path(str(artifact) + ".json").exists():
         _build(ctx, path, spec, artifact, artifact.parent / "scratch")
     _barrier(ctx)
-    return json.loads(Path(str(artifact) + ".json").read_text())
+    return artifact, json.loads(Path(str(artifact) + ".json").read_text())
+
+
+def _load(ctx, path, spec, artifact: Path):
+    """The loaded artifact as a callable ``call(model, *inputs)``."""
+    from conformance.suites._precompile_models import forward
+
+    with _no_grad():
+        return path.load(ctx, forward, artifact, artifact.parent / "load", spec.dynamic_batch)
 
 
 # -- functions that run on every rank -------------------------------------------------------------
@@ -124,16 +132,15 @@ def load_on_rank(ctx, path_name: str, model_name: str):
     """Load rank 0's artifact, run it once; counters around load and first call; gather hashes."""
     import torch.distributed as dist
 
-    from conformance.suites._precompile_models import forward, model_spec
+    from conformance.suites._precompile_models import model_spec
     from conformance.suites._precompile_paths import resolve
 
     path, spec = resolve(path_name), model_spec(model_name)
-    record = ensure_built(ctx, path, spec)
-    artifact = _artifact(ctx, path, spec)
+    artifact, record = ensure_built(ctx, path, spec)
     model, inputs = spec.build(ctx), spec.example(ctx)
     _reset_counters()
+    call = _load(ctx, path, spec, artifact)
     with _no_grad():
-        call = path.load(ctx, forward, artifact, artifact.parent / "load", spec.dynamic_batch)
         out = call(model, *inputs)
     seen = _counters()
     hashes = [None] * ctx.world_size
@@ -200,12 +207,11 @@ def out_of_spec_on_rank(ctx, path_name: str, model_name: str, cases: list[str]):
     from conformance.suites._precompile_paths import resolve
 
     path, spec = resolve(path_name), model_spec(model_name)
-    ensure_built(ctx, path, spec)
-    artifact = _artifact(ctx, path, spec)
+    artifact, _ = ensure_built(ctx, path, spec)
     model, inputs = spec.build(ctx), spec.example(ctx)
     outcome = {}
+    call = _load(ctx, path, spec, artifact)
     with _no_grad():
-        call = path.load(ctx, forward, artifact, artifact.parent / "load", spec.dynamic_batch)
         call(model, *inputs)
         for case in cases:
             args = _case_input(case, inputs)
@@ -234,15 +240,14 @@ def divergent_on_rank(ctx, path_name: str, model_name: str, rows: int, views: bo
     from conformance.suites._precompile_paths import resolve
 
     path, spec = resolve(path_name), model_spec(model_name)
-    ensure_built(ctx, path, spec)
-    artifact = _artifact(ctx, path, spec)
+    artifact, _ = ensure_built(ctx, path, spec)
     model = spec.build(ctx)
     slices = divergent_slices(ctx.world_size, rows, spec.example(ctx)[0])
     if not views:
         slices = [s.clone() for s in slices]
     mine = slices[ctx.rank].to(ctx.device)
+    call = _load(ctx, path, spec, artifact)
     with _no_grad():
-        call = path.load(ctx, forward, artifact, artifact.parent / "load", spec.dynamic_batch)
         _reset_counters()
         out = call(model, mine)
         seen = _counters()
@@ -263,14 +268,15 @@ def divergent_slices(world: int, rows: int, like):
 
 # -- checks in the controller ---------------------------------------------------------------------
 
-def _compiled_at_load(path, counters: dict) -> str | None:
-    """What the counters say was compiled at load or first call, or None."""
+def _compiled_at_load(counters: dict, traces_on_load: bool) -> str | None:
+    """What the counters say was compiled at load or first call, or None. ``traces_on_load``: the
+    path may trace with Dynamo then (a warm start), as long as Inductor only hits its caches."""
     if counters["inductor_cache_misses"]:
         return f"Inductor compiled {counters['inductor_cache_misses']} graph(s) (FX graph cache misses)"
-    if not path.traces_on_load and (counters["dynamo_calls_captured"] or counters["dynamo_graphs"]):
+    if not traces_on_load and (counters["dynamo_calls_captured"] or counters["dynamo_graphs"]):
         return (f"Dynamo traced {counters['dynamo_graphs']} graph(s) ({counters['dynamo_calls_captured']} "
                 "calls captured)")
-    if path.traces_on_load and not counters["inductor_cache_hits"]:
+    if traces_on_load and not counters["inductor_cache_hits"]:
         return "the first call compiled without a single hit in the loaded caches"
     return None
 
@@ -286,7 +292,7 @@ def check_load(ranks, path_name: str, model_name: str) -> dict:
     results = ranks.run(load_on_rank, path_name, model_name)
     problems = []
     for rank, res in enumerate(results):
-        compiled = _compiled_at_load(path, res["counters"])
+        compiled = _compiled_at_load(res["counters"], path.traces_on_load)
         if compiled:
             problems.append(f"rank {rank}: load and first call of the {what} compiled: {compiled}; "
                             f"counters {res['counters']}")
@@ -346,7 +352,8 @@ def check_out_of_spec(ranks, path_name: str, model_name: str, cases: dict[str, s
     for rank, outcome in enumerate(results):
         for case, res in outcome.items():
             where = f"rank {rank}: {model_name} {path_name} artifact called with {case}"
-            compiled = _compiled_at_load(_AlwaysStrict(path), res["counters"])
+            # After the first call every path must run without tracing: a warm start traced already.
+            compiled = _compiled_at_load(res["counters"], traces_on_load=False)
             if compiled:
                 problems.append(f"{where}: it recompiled: {compiled}")
                 continue
@@ -374,13 +381,6 @@ def check_out_of_spec(ranks, path_name: str, model_name: str, cases: dict[str, s
         raise ConformanceFailure("\n".join(problems))
 
 
-class _AlwaysStrict:
-    """After the first call every path must run without tracing: a warm start traced already."""
-
-    def __init__(self, path):
-        self.traces_on_load = False
-
-
 def check_divergent(ranks, path_name: str, model_name: str = "mlp", rows: int = 6, views: bool = False) -> None:
     from conformance.suites._precompile_paths import resolve
 
@@ -391,7 +391,7 @@ def check_divergent(ranks, path_name: str, model_name: str = "mlp", rows: int = 
     for rank, res in enumerate(results):
         where = (f"rank {rank} ({res['rows']} rows{', a view of the global batch' if views else ''}) running the "
                  f"dynamic-batch {path_name} artifact of {model_name}")
-        compiled = _compiled_at_load(path, res["counters"])
+        compiled = _compiled_at_load(res["counters"], path.traces_on_load)
         if compiled:
             problems.append(f"{where}: it compiled: {compiled}")
         for expected, exact, label in ((by_rank0[rank], True, "rank 0's run of the same rows (bitwise)"),
