@@ -44,7 +44,7 @@ def _open(ctx, impl: str):
     return resolve(impl)(ctx)
 
 
-def _buffers(ctx, mem, numel: int, dtype):
+def _buffers(mem, numel: int, dtype):
     """A rendezvoused source and destination, each a symmetric tensor, as upstream's test uses."""
     src = mem.allocate((numel,), dtype)
     dst = mem.allocate((numel,), dtype)
@@ -55,23 +55,30 @@ def _buffers(ctx, mem, numel: int, dtype):
     return src, dst, hdl
 
 
-def _wait(mem, hdl, peer: int) -> str | None:
+def _raises(fn) -> str | None:
+    """``"Type: message"`` of what ``fn()`` raised, or None: an error here is an observation, not a
+    crash of the pool."""
     try:
-        mem.wait_signal(hdl, peer)
-    except Exception as exc:  # a wait that fails is an observation, not a crash of the pool
+        fn()
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
+def _wait(mem, hdl, peer: int) -> str | None:
+    return _raises(lambda: mem.wait_signal(hdl, peer))
+
+
 # -- functions that run on every rank -------------------------------------------------------------
 
-def pairwise_on_rank(ctx, impl: str, direction: str, numel: int, dtype_name: str):
+def pairwise_on_rank(ctx, impl: str, direction: str, numel: int, dtype_name: str, late_put: float = 0.0):
     """One put_signal/wait_signal per pair: ``odd->even`` (rank 2k+1 puts to 2k, as upstream's
-    test) or ``even->odd``. Returns the receiver's view after its wait and the sender's own
+    test) or ``even->odd``; with ``late_put`` the sender sleeps that long first, so the receiver's
+    wait is posted before the put. Returns the receiver's view after its wait and the sender's own
     destination buffer, which nobody writes to."""
     mem = _open(ctx, impl)
     dtype = _dtype(dtype_name)
-    src, dst, hdl = _buffers(ctx, mem, numel, dtype)
+    src, dst, hdl = _buffers(mem, numel, dtype)
     sender_parity = 1 if direction == "odd->even" else 0
     step = -1 if direction == "odd->even" else 1
     role, peer, error = "idle", None, None
@@ -79,6 +86,7 @@ def pairwise_on_rank(ctx, impl: str, direction: str, numel: int, dtype_name: str
         peer = ctx.rank + step
         if 0 <= peer < ctx.world_size:
             role = "sender"
+            time.sleep(late_put)
             src.copy_(payload(ctx.rank, 0, numel, dtype).to(src.device))
             mem.put_signal(src, hdl, peer)
     else:
@@ -97,7 +105,7 @@ def ring_on_rank(ctx, impl: str, numel: int):
     import torch
 
     mem = _open(ctx, impl)
-    src, dst, hdl = _buffers(ctx, mem, numel, torch.float32)
+    src, dst, hdl = _buffers(mem, numel, torch.float32)
     arrived, errors = {}, {}
     for shift in range(1, ctx.world_size):
         to, frm = (ctx.rank + shift) % ctx.world_size, (ctx.rank - shift) % ctx.world_size
@@ -117,7 +125,7 @@ def rounds_on_rank(ctx, impl: str, rounds: int, numel: int):
     import torch
 
     mem = _open(ctx, impl)
-    src, dst, hdl = _buffers(ctx, mem, numel, torch.float32)
+    src, dst, hdl = _buffers(mem, numel, torch.float32)
     sender = ctx.rank % 2 == 1
     peer = ctx.rank - 1 if sender else ctx.rank + 1
     active = 0 <= peer < ctx.world_size
@@ -139,41 +147,13 @@ def rounds_on_rank(ctx, impl: str, rounds: int, numel: int):
             "seen": seen, "errors": errors}
 
 
-def wait_first_on_rank(ctx, impl: str, numel: int):
-    """The receiver posts its wait before the sender puts: the sender sleeps first."""
-    import torch
-
-    mem = _open(ctx, impl)
-    src, dst, hdl = _buffers(ctx, mem, numel, torch.float32)
-    role, peer, error = "idle", None, None
-    if ctx.rank % 2 == 1:
-        role, peer = "sender", ctx.rank - 1
-        time.sleep(LATE_PUT_SECONDS)
-        src.copy_(payload(ctx.rank, 0, numel, torch.float32).to(src.device))
-        mem.put_signal(src, hdl, peer)
-    elif ctx.rank + 1 < ctx.world_size:
-        role, peer = "receiver", ctx.rank + 1
-        error = _wait(mem, hdl, peer)
-    seen = dst.clone()
-    mem.barrier()
-    return {"role": role, "peer": peer, "error": error, "dst": seen}
-
-
-def _raises(fn) -> str | None:
-    try:
-        fn()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
 def errors_on_rank(ctx, impl: str):
     """The error cases, each caught here: a peer outside the group (put and wait, above and below)
     and rendezvous of a tensor that symmetric memory did not allocate."""
     import torch
 
     mem = _open(ctx, impl)
-    src, dst, hdl = _buffers(ctx, mem, 16, torch.float32)
+    src, dst, hdl = _buffers(mem, 16, torch.float32)
     world = ctx.world_size
     outcome = {
         f"put_signal(peer={world})": _raises(lambda: mem.put_signal(src, hdl, world)),
@@ -194,10 +174,11 @@ def _run(ranks, fn, *args):
 
 
 def check_pairwise(ranks, impl: str, direction: str = "odd->even", numel: int = 1024,
-                   dtype_name: str = "float32") -> None:
-    results = _run(ranks, pairwise_on_rank, impl, direction, numel, dtype_name)
+                   dtype_name: str = "float32", late_put: float = 0.0) -> None:
+    results = _run(ranks, pairwise_on_rank, impl, direction, numel, dtype_name, late_put)
     dtype = _dtype(dtype_name)
-    what = f"put_signal/wait_signal {direction} ({numel} x {dtype_name}, impl {impl})"
+    what = (f"wait_signal posted {late_put} s before the matching put_signal (impl {impl})" if late_put else
+            f"put_signal/wait_signal {direction} ({numel} x {dtype_name}, impl {impl})")
     problems = []
     receivers = 0
     for rank, res in enumerate(results):
@@ -205,6 +186,10 @@ def check_pairwise(ranks, impl: str, direction: str = "odd->even", numel: int = 
             receivers += 1
             if res["error"]:
                 problems.append(f"rank {rank}: wait_signal(peer={res['peer']}) failed: {res['error']}")
+                continue
+            if bool((res["dst"] == SENTINEL).all()):
+                problems.append(f"rank {rank}: wait_signal(peer={res['peer']}) returned before the data arrived "
+                                "(the buffer still holds its initial value)")
                 continue
             try:
                 assert_close(res["dst"], payload(res["peer"], 0, numel, dtype), exact=True, rank=rank,
@@ -265,31 +250,10 @@ def check_rounds(ranks, impl: str, rounds: int = ROUNDS, numel: int = 64) -> Non
 
 
 def check_wait_before_put(ranks, impl: str, numel: int = 512) -> None:
-    import torch
-
-    results = _run(ranks, wait_first_on_rank, impl, numel)
-    what = f"wait_signal posted {LATE_PUT_SECONDS} s before the matching put_signal (impl {impl})"
-    problems = []
-    for rank, res in enumerate(results):
-        if res["role"] != "receiver":
-            continue
-        if res["error"]:
-            problems.append(f"rank {rank}: wait_signal(peer={res['peer']}) failed: {res['error']}")
-            continue
-        if bool((res["dst"] == SENTINEL).all()):
-            problems.append(f"rank {rank}: wait_signal(peer={res['peer']}) returned before the data arrived "
-                            "(the buffer still holds its initial value)")
-            continue
-        try:
-            assert_close(res["dst"], payload(res["peer"], 0, numel, torch.float32), exact=True, rank=rank,
-                         what="the buffer after wait_signal returned")
-        except ConformanceFailure as exc:
-            problems.append(str(exc))
-    if problems:
-        raise ConformanceFailure(f"{what}:\n" + "\n".join(problems))
+    check_pairwise(ranks, impl, "odd->even", numel, "float32", late_put=LATE_PUT_SECONDS)
 
 
-def _is_clear(message: str, case: str, world: int) -> bool:
+def _is_clear(message: str, case: str) -> bool:
     """A clear error names what was wrong: the peer (or rank) for a bad peer, symmetry for a tensor."""
     text = message.lower()
     if case.startswith("rendezvous"):
@@ -306,7 +270,7 @@ def check_errors(ranks, impl: str) -> None:
         for case, error in outcome.items():
             if error is None:
                 problems.append(f"rank {rank}: {case} returned without an error")
-            elif not _is_clear(error.split(": ", 1)[-1], case, world):
+            elif not _is_clear(error.split(": ", 1)[-1], case):
                 problems.append(f"rank {rank}: {case} raised an error that does not say what is wrong: {error}")
     if problems:
         raise ConformanceFailure(f"symmetric memory error cases on {world} ranks (impl {impl}):\n"
