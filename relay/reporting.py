@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import heapq
 import logging
 import queue
 import threading
@@ -197,16 +198,18 @@ class Reporter:
         """Bring one run's upstream state up to date. Returns what happened (for logs and tests):
         ``not_shown``, ``unchanged``, ``reported``, ``failed_permanently``; raises retryable errors."""
         run = self.store.run(run_pk)
-        if run is None:
-            return "not_shown"
-        target = self.targets.get(run.backend)
-        if target is None:
+        if run is None or run.backend not in self.targets:
             return "not_shown"
         labels = None
         if run.pr_number is not None:
             pr = self.store.pull_request(run.upstream_repository, run.pr_number)
             labels = tuple(pr.labels) if pr is not None else ()
-        decision = decide(run, target, labels)
+        return self._report(run, labels)
+
+    def _report(self, run: RunView, labels: tuple[str, ...] | None) -> str:
+        """``report_run`` for a run already read, with its PR's labels (None for a push)."""
+        target = self.targets.get(run.backend)
+        decision = None if target is None else decide(run, target, labels)
         if decision is None:
             return "not_shown"
         previous = self.store.reported_state(run.id, self.mode)
@@ -258,29 +261,31 @@ class Reporter:
         if pr is None:
             return {}
         runs = self.store.runs(upstream_repository=repository, pr_number=number, head_sha=pr.head_sha, newest_first=False)
-        return {run.id: self.report_run(run.id) for run in runs}
+        return {run.id: self._report(run, tuple(pr.labels)) for run in runs}
 
 
 class ReportingWorker:
     """One thread that reports submitted runs in order and watches PR label changes.
 
     ``submit`` only enqueues (callbacks answer without waiting for GitHub). Retryable GitHub errors
-    put the run back after the wait GitHub asked for (capped). Every ``label_poll_seconds`` the worker
-    reads the PRs whose labels intake recorded since its last look and reconciles them.
+    put the run back after the wait GitHub asked for (capped): the worker keeps such runs in a heap by
+    due time and sleeps on its queue until the earliest is due, a new run arrives or the next label
+    watch. Every ``label_poll_seconds`` the worker reads the PRs whose labels intake recorded since its
+    last look and reconciles them.
     """
 
     def __init__(self, reporter: Reporter, *, label_poll_seconds: float = 5.0, max_retry_wait: float = 60.0,
                  lookback_seconds: float = 3600.0):
         self.reporter = reporter
         self._queue: queue.Queue[tuple[float, int] | None] = queue.Queue()
+        self._delayed: list[tuple[float, int]] = []  # heap of (due, run_pk); only the worker thread touches it
         self._poll = label_poll_seconds
         self._max_wait = max_retry_wait
         self._watermark = utcnow() - dt.timedelta(seconds=lookback_seconds)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._idle = threading.Event()
-        self._pending = 0
-        self._lock = threading.Lock()
+        self._pending = 0  # submitted and not yet handled (retries included), guarded by _settled
+        self._settled = threading.Condition()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="relay-reporting", daemon=True)
@@ -293,19 +298,14 @@ class ReportingWorker:
             self._thread.join(timeout)
 
     def submit(self, run_pk: int, not_before: float = 0.0) -> None:
-        with self._lock:
+        with self._settled:
             self._pending += 1
         self._queue.put((not_before, run_pk))
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """For tests and shutdown: True once every submitted run was handled."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._pending == 0:
-                    return True
-            time.sleep(0.01)
-        return False
+        with self._settled:
+            return self._settled.wait_for(lambda: self._pending == 0, timeout)
 
     def watch_labels_once(self) -> int:
         changed = self.reporter.store.pull_requests_changed_since(self._watermark)
@@ -326,30 +326,36 @@ class ReportingWorker:
                 except Exception:
                     log.exception("label watch failed")
                 next_watch = now + self._poll
+            while self._delayed and self._delayed[0][0] <= time.monotonic():
+                self._handle(heapq.heappop(self._delayed)[1])
+            wake_at = min(next_watch, self._delayed[0][0]) if self._delayed else next_watch
             try:
-                item = self._queue.get(timeout=max(0.01, min(self._poll, next_watch - time.monotonic())))
+                item = self._queue.get(timeout=max(0.0, wake_at - time.monotonic()))
             except queue.Empty:
                 continue
             if item is None:
                 continue
-            not_before, run_pk = item
-            if not_before > time.monotonic():
-                self._queue.put(item)
-                time.sleep(0.01)
-                continue
-            try:
-                self.reporter.report_run(run_pk)
-            except RateLimitedError as exc:
-                self._retry(run_pk, exc.wait_seconds, exc)
-                continue
-            except GitHubCallError as exc:
-                self._retry(run_pk, 5.0, exc)
-                continue
-            except Exception:
-                log.exception("reporting run %s failed", run_pk)
-            with self._lock:
-                self._pending -= 1
+            if item[0] > time.monotonic():
+                heapq.heappush(self._delayed, item)
+            else:
+                self._handle(item[1])
+
+    def _handle(self, run_pk: int) -> None:
+        try:
+            self.reporter.report_run(run_pk)
+        except RateLimitedError as exc:
+            self._retry(run_pk, exc.wait_seconds, exc)
+            return
+        except GitHubCallError as exc:
+            self._retry(run_pk, 5.0, exc)
+            return
+        except Exception:
+            log.exception("reporting run %s failed", run_pk)
+        with self._settled:
+            self._pending -= 1
+            if self._pending == 0:
+                self._settled.notify_all()
 
     def _retry(self, run_pk: int, wait: float, exc: GitHubCallError) -> None:
         log.warning("reporting will retry", extra={"run": run_pk, "error": exc.message, "wait": wait})
-        self._queue.put((time.monotonic() + min(wait, self._max_wait), run_pk))
+        heapq.heappush(self._delayed, (time.monotonic() + min(wait, self._max_wait), run_pk))

@@ -137,3 +137,71 @@ def test_retryable_github_error_is_retried(database_url, results_relay, wait):  
     drive.start("l4", nonce)
     wait(lambda: statuses(relay.fake, "crcr/l4"), what="the status after the rate limit")
     assert [r.answered for r in relay.fake.requests if r.endpoint == "statuses"][:2] == [429, 201]
+
+
+class _ScriptedReporter:
+    """The worker's side of a Reporter: records when each run was reported; the first call for a run in
+    ``rate_limited`` raises RateLimitedError asking for ``wait`` seconds."""
+
+    def __init__(self, rate_limited=(), wait=0.2):
+        import threading
+
+        self.calls: list[tuple[int, float]] = []
+        self.rate_limited = set(rate_limited)
+        self.wait = wait
+        self.store = self
+        self._lock = threading.Lock()
+
+    def pull_requests_changed_since(self, _when):
+        return []
+
+    def report_run(self, run_pk):
+        import time
+
+        from relay.github import RateLimitedError
+
+        with self._lock:
+            self.calls.append((run_pk, time.monotonic()))
+            if run_pk in self.rate_limited:
+                self.rate_limited.discard(run_pk)
+                raise RateLimitedError("rate limited", wait_seconds=self.wait)
+        return "reported"
+
+
+def test_worker_holds_delayed_runs_until_due_without_blocking_others():
+    import time
+
+    from relay.reporting import ReportingWorker
+
+    reporter = _ScriptedReporter(rate_limited={3}, wait=0.2)
+    worker = ReportingWorker(reporter, label_poll_seconds=3600)
+    worker.start()
+    try:
+        due = time.monotonic() + 0.3
+        worker.submit(1, not_before=due)
+        worker.submit(2)
+        limited_at = time.monotonic()
+        worker.submit(3)
+        assert worker.wait_idle(10)
+    finally:
+        worker.stop()
+    order = [pk for pk, _ in reporter.calls]
+    assert order.index(2) < order.index(1)  # the delayed run did not hold up the one behind it
+    (first_at,) = [at for pk, at in reporter.calls if pk == 1]
+    assert first_at >= due
+    attempts = [at for pk, at in reporter.calls if pk == 3]
+    assert len(attempts) == 2 and attempts[1] >= attempts[0] + 0.2 >= limited_at + 0.2  # retried after the wait
+
+
+def test_wait_idle_is_false_while_a_run_waits_for_its_retry():
+    from relay.reporting import ReportingWorker
+
+    reporter = _ScriptedReporter(rate_limited={5}, wait=30)
+    worker = ReportingWorker(reporter, label_poll_seconds=3600)
+    worker.start()
+    try:
+        worker.submit(5)
+        assert worker.wait_idle(0.5) is False
+        assert [pk for pk, _ in reporter.calls] == [5]
+    finally:
+        worker.stop()
