@@ -121,22 +121,30 @@ class RerunWatcher:
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
     def __init__(self, store, backends: Mapping[str, Any], *, upstream: str, poll_seconds: float = 2.0,
-                 adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None):
+                 adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None, on_run_changed=None):
         self.store = store
         self.backends = dict(backends)
         self.upstream = upstream
         self.poll_seconds = poll_seconds
         self.adopt_window = dt.timedelta(seconds=adopt_window_seconds)
         self.on_dispatched = on_dispatched  # e.g. the dispatcher's wake()
+        self.on_run_changed = on_run_changed  # reporting, as for the sweeper's adoptions
         self._periodic = PeriodicThread("relay-reruns", poll_seconds, self.poll_once)
 
+    def adopt(self) -> None:
+        """Give dispatches sent moments ago their run records, so a request can repeat them; the runs
+        this creates or cancels go to reporting, as when the sweeper adopts them."""
+        adopted, cancelled = self.store.adopt_dispatches(since=utcnow() - self.adopt_window)
+        if self.on_run_changed is not None:
+            for run_pk in adopted + cancelled:
+                self.on_run_changed(run_pk)
+
     def handle(self, delivery: DeliveryView) -> tuple[str, str | None, list[str]]:
+        """Act on one stored request (after ``adopt``): dispatch again, or record why not."""
         try:
             payload = json.loads(delivery.payload or "{}")
         except json.JSONDecodeError:
             payload = {}
-        # Adopt first, so a dispatch sent moments ago already has its run record to repeat.
-        self.store.adopt_dispatches(since=utcnow() - self.adopt_window)
         decision = decide_rerun(delivery.event, payload, self.store, self.backends, self.upstream)
         new = []
         for run in decision.runs:
@@ -163,6 +171,8 @@ class RerunWatcher:
 
     def poll_once(self) -> int:
         pending = self.store.unhandled_rerun_requests()
+        if pending:
+            self.adopt()  # once for the batch: the requests' own new dispatches are not sent yet
         for delivery in pending:
             self.handle(delivery)
         return len(pending)
