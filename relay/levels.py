@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from relay.store.base import utcnow
 from relay.store.runs import RunView
 
-__all__ = ["Bars", "LevelReview", "WeekStats", "review", "week_stats", "weekly_history"]
+__all__ = ["Bars", "LevelReview", "WeekStats", "recommend", "review", "week_stats", "weekly_history"]
 
 _ORDER = ("L1", "L2", "L3", "L4")
 
@@ -105,11 +105,12 @@ def recommend(level: str, stats: WeekStats, bars: Bars) -> tuple[str, str, str]:
     slow = stats.runs - stats.within_limit
     limit_h = bars.max_time_to_result_seconds / 3600
     rate_text = f"success rate {rate:.0%}"
-    if rate <= _bar_for(level, bars) or slow:
+    bar = _bar_for(level, bars)
+    if rate <= bar or slow:
         lower = _ORDER[_ORDER.index(level) - 1]
         why = []
-        if rate <= _bar_for(level, bars):
-            why.append(f"{rate_text} is not above the {_bar_for(level, bars):.0%} bar of {level}")
+        if rate <= bar:
+            why.append(f"{rate_text} is not above the {bar:.0%} bar of {level}")
         if slow:
             why.append(f"{slow} run(s) took longer than {limit_h:g} h")
         return "demote", lower, "; ".join(why)
@@ -159,11 +160,10 @@ def format_table(reviews: Sequence[LevelReview]) -> str:
 
 
 def bars_from_settings(settings) -> Bars:
+    """The bars of ``RELAY_LEVEL_*`` (their defaults are :class:`Bars`'s)."""
     return Bars(
-        l2_success_rate=getattr(settings, "level_l2_success_rate", 0.70),
-        l3_success_rate=getattr(settings, "level_l3_success_rate", 0.90),
-        max_time_to_result_seconds=getattr(settings, "level_max_time_to_result_seconds", 3 * 3600.0),
-        min_runs=getattr(settings, "level_min_runs", 5),
+        l2_success_rate=settings.level_l2_success_rate, l3_success_rate=settings.level_l3_success_rate,
+        max_time_to_result_seconds=settings.level_max_time_to_result_seconds, min_runs=settings.level_min_runs,
     )
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, backend_or_404, context, iso, render
-from relay.levels import review, weekly_history
+from relay.levels import recommend, weekly_history
 
 router = APIRouter()
 
@@ -72,15 +72,17 @@ def run_item(run) -> RunItem:
 
 def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
     target = backend_or_404(ctx, name)
-    (rev,) = review(ctx.store, [(name, target.level.value)], bars=ctx.bars)
+    history = weekly_history(ctx.store, name, bars=ctx.bars)
+    # The review is of the last week, the newest window of the history: no second read of the same runs.
+    recommendation, recommended_level, reason = recommend(target.level.value, history[-1], ctx.bars)
     weeks = [
         Week(since=iso(w.since), until=iso(w.until), runs=w.runs, success_rate=w.success_rate,
              time_to_result_p50=w.time_to_result_p50, time_to_result_max=w.time_to_result_max)
-        for w in weekly_history(ctx.store, name, bars=ctx.bars)
+        for w in history
     ]
     return BackendPage(
         name=name, repository=target.repository, level=target.level.value, label=target.label,
-        recommendation=rev.recommendation, recommended_level=rev.recommended_level, reason=rev.reason, weeks=weeks,
+        recommendation=recommendation, recommended_level=recommended_level, reason=reason, weeks=weeks,
         runs=[run_item(r) for r in ctx.store.runs(backend=name, limit=limit)],
     )
 
