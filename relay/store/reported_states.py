@@ -42,11 +42,13 @@ class ReportedState:
     reported_at: dt.datetime
 
 
+def _view(row: ReportedStateRow) -> ReportedState:
+    return ReportedState(row.run_pk, row.target, row.state, row.external_id, row.last_error, row.reported_at)
+
+
 def get(session: Session, run_pk: int, target: str) -> ReportedState | None:
     row = session.get(ReportedStateRow, (run_pk, target))
-    if row is None:
-        return None
-    return ReportedState(row.run_pk, row.target, row.state, row.external_id, row.last_error, row.reported_at)
+    return None if row is None else _view(row)
 
 
 def put(
@@ -67,5 +69,4 @@ def put(
 def for_runs(session: Session, run_pks: list[int]) -> list[ReportedState]:
     if not run_pks:
         return []
-    rows = session.scalars(select(ReportedStateRow).where(ReportedStateRow.run_pk.in_(run_pks)))
-    return [ReportedState(r.run_pk, r.target, r.state, r.external_id, r.last_error, r.reported_at) for r in rows]
+    return [_view(row) for row in session.scalars(select(ReportedStateRow).where(ReportedStateRow.run_pk.in_(run_pks)))]

@@ -41,13 +41,14 @@ class RerunRequestView:
 
 
 def unhandled(session: Session, limit: int) -> list[DeliveryView]:
-    ids = session.scalars(
-        select(Delivery.delivery_id).where(
+    rows = session.scalars(
+        select(Delivery).where(
             Delivery.event.in_(RERUN_EVENTS), Delivery.payload.is_not(None),
             ~exists().where(RerunRequestRow.delivery_id == Delivery.delivery_id),
         ).order_by(Delivery.received_at).limit(limit)
     ).all()
-    return [get(session, i) for i in ids]
+    # The rows are in the session now: ``get`` finds each in its identity map, without another query.
+    return [get(session, row.delivery_id) for row in rows]
 
 
 def is_handled(session: Session, delivery_id: str) -> bool:

@@ -78,7 +78,6 @@ class ResultsOperations:
                 row.conclusion = update.conclusion
                 row.summary = update.summary
                 row.torch_version = update.torch_version
-                session.flush()
                 recorded = test_results.add_many(session, row, update.tests, now)
             session.flush()
             return CallbackApplied(runs.view(row), previous, recorded)

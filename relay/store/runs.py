@@ -133,26 +133,32 @@ def _new_row(dispatch: Dispatch, title: str | None, dispatched_at: dt.datetime, 
     )
 
 
-def _title(session: Session, delivery_id: str) -> str | None:
-    summary = session.scalar(select(Delivery.summary).where(Delivery.delivery_id == delivery_id))
-    title = (summary or {}).get("title") if isinstance(summary, dict) else None
+def _title_of(summary: Any) -> str | None:
+    """The PR title from the summary intake stored for the delivery, if it has one."""
+    title = summary.get("title") if isinstance(summary, dict) else None
     return title[:500] if isinstance(title, str) else None
+
+
+def _title(session: Session, delivery_id: str) -> str | None:
+    return _title_of(session.scalar(select(Delivery.summary).where(Delivery.delivery_id == delivery_id)))
 
 
 def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[list[int], list[int]]:
     """Give every sent run-starting dispatch (sent after ``since``) its ``dispatched`` row; cancel the
     open runs of PRs whose ``closed`` event was dispatched. Returns the ids of (adopted, cancelled) runs."""
     no_run = ~exists().where(RunRow.dispatch_id == Dispatch.id)
-    candidates = session.scalars(
-        select(Dispatch).where(Dispatch.state == DispatchState.sent, Dispatch.sent_at >= since, no_run)
+    # Each dispatch with its delivery's summary (the PR title), in one query rather than one per dispatch.
+    candidates = session.execute(
+        select(Dispatch, Delivery.summary).outerjoin(Delivery, Delivery.delivery_id == Dispatch.delivery_id)
+        .where(Dispatch.state == DispatchState.sent, Dispatch.sent_at >= since, no_run)
         .order_by(Dispatch.id)
     ).all()
     adopted: list[RunRow] = []
     cancelled: list[RunRow] = []
-    for dispatch in candidates:
+    for dispatch, summary in candidates:
         payload = dispatch.client_payload or {}
         if starts_a_run(payload):
-            row = _new_row(dispatch, _title(session, dispatch.delivery_id), dispatch.sent_at or now, now)
+            row = _new_row(dispatch, _title_of(summary), dispatch.sent_at or now, now)
             session.add(row)
             adopted.append(row)
         elif payload.get("event") == "pull_request" and payload.get("action") == "closed":

@@ -88,6 +88,11 @@ def add_many(session: Session, run: RunRow, results: Iterable[NewTestResult], no
     return len(rows)
 
 
+def _with_pr_number():
+    """Results joined to their run, for the PR number each view carries."""
+    return select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
+
+
 def _views(session: Session, stmt) -> list[TestResultView]:
     out = []
     for row, pr_number in session.execute(stmt):
@@ -102,10 +107,7 @@ def _views(session: Session, stmt) -> list[TestResultView]:
 def for_runs(session: Session, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[TestResultView]:
     if not run_pks:
         return []
-    stmt = (
-        select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
-        .where(TestResultRow.run_pk.in_(list(run_pks)))
-    )
+    stmt = _with_pr_number().where(TestResultRow.run_pk.in_(list(run_pks)))
     if outcomes is not None:
         stmt = stmt.where(TestResultRow.outcome.in_(list(outcomes)))
     return _views(session, stmt.order_by(TestResultRow.id))
@@ -113,8 +115,7 @@ def for_runs(session: Session, run_pks: Sequence[int], outcomes: Sequence[str] |
 
 def history(session: Session, test_id: str, limit: int) -> list[TestResultView]:
     stmt = (
-        select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
-        .where(TestResultRow.test_id == test_id)
+        _with_pr_number().where(TestResultRow.test_id == test_id)
         .order_by(TestResultRow.recorded_at.desc(), TestResultRow.id.desc()).limit(limit)
     )
     return _views(session, stmt)
@@ -122,10 +123,7 @@ def history(session: Session, test_id: str, limit: int) -> list[TestResultView]:
 
 def since(session: Session, when: dt.datetime, backend: str | None = None) -> list[TestResultView]:
     """Every result recorded after ``when``, oldest first (for streak analysis)."""
-    stmt = (
-        select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
-        .where(TestResultRow.recorded_at >= when)
-    )
+    stmt = _with_pr_number().where(TestResultRow.recorded_at >= when)
     if backend is not None:
         stmt = stmt.where(TestResultRow.backend == backend)
     return _views(session, stmt.order_by(TestResultRow.recorded_at, TestResultRow.id))
