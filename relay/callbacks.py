@@ -147,16 +147,13 @@ class CallbackService:
             raise CallbackRejected(
                 400, "invalid_callback", f"callback body invalid at {where}: {first['msg']}{more}",
             ) from None
-        if caller.method == "oidc" and caller.run_id is not None and caller.run_id != callback.run_id:
-            raise CallbackRejected(
-                403, "run_mismatch",
-                f"the OIDC token was issued to run {caller.run_id}, but the body names run {callback.run_id}",
-            )
-        if caller.method == "oidc" and caller.run_attempt is not None and caller.run_attempt != callback.run_attempt:
-            raise CallbackRejected(
-                403, "run_mismatch",
-                f"the OIDC token was issued to attempt {caller.run_attempt}, but the body names attempt {callback.run_attempt}",
-            )
+        if caller.method == "oidc":
+            for what, issued, named in (("run", caller.run_id, callback.run_id),
+                                        ("attempt", caller.run_attempt, callback.run_attempt)):
+                if issued is not None and issued != named:
+                    raise CallbackRejected(
+                        403, "run_mismatch", f"the OIDC token was issued to {what} {issued}, but the body names {what} {named}",
+                    )
         target = self.store.find_nonce(callback.nonce)
         if target is None:
             raise CallbackRejected(404, "unknown_nonce", "the nonce matches no dispatch; quote client_payload.nonce as received")

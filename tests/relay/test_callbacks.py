@@ -82,7 +82,10 @@ def test_oidc_token_of_another_run_is_refused(database_url, results_relay, oidc_
     relay, drive = results_relay(database_url)
     nonce = drive.nonce("l2", drive.open_pr(12))
     token = oidc_issuer.mint(REPOS["l2"], AUDIENCE, run_id=1)
-    error_of(drive.start("l2", nonce, run_id=2, auth=f"Bearer {token}"), 403, "run_mismatch")
+    detail = error_of(drive.start("l2", nonce, run_id=2, auth=f"Bearer {token}"), 403, "run_mismatch")
+    assert "run 1" in detail and "run 2" in detail
+    detail = error_of(drive.start("l2", nonce, run_id=1, attempt=2, auth=f"Bearer {token}"), 403, "run_mismatch")
+    assert "attempt 1" in detail and "attempt 2" in detail
 
 
 def test_auth_refusals(database_url, results_relay, oidc_issuer):  # noqa: F811
