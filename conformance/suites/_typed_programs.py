@@ -1,11 +1,11 @@
-"""Typed distributed programs (spmd-types local types) run on every rank, and the checks of their results.
+"""Typed distributed programs (spmd-types local types) run on every rank, next to their references.
 
 Triggered by ``test_typed_collectives``: each rank function here runs on the pool's real process
 group under spmd-types' checker, calls every collective through the ``CollectiveSet`` named by
 ``impl`` (``_collective_impls``), and returns ``Check`` records: what it computed next to what a
-single-process reference on the full tensors (float64, same rounded inputs) says it must be.
-``verify_checks`` (controller side) turns those into one ``ConformanceFailure`` naming the program,
-the rank and the tensor. Rejected programs return the error they raised as ``"Type: message"``.
+single-process reference on the full tensors (float64, same rounded inputs) says it must be;
+``_typed_checks`` compares them in the controller. Rejected programs return the error they raised
+as ``"Type: message"``.
 
 Meshes: ``"1d"`` is the default group as one axis ``tp``; ``"dp_x_tp"`` needs 4 ranks (rank =
 2 * dp + tp) and adds a data-parallel outer axis to the programs in ``MESH_PROGRAMS``: the batch
@@ -21,35 +21,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from conformance.checks import ConformanceFailure
+from conformance.suites._typed_checks import Check
 
 __all__ = [
-    "Check", "PROGRAMS", "MESH_PROGRAMS", "PRIMITIVES", "RAW_COLLECTIVES", "REJECTED",
+    "PROGRAMS", "MESH_PROGRAMS", "PRIMITIVES", "RAW_COLLECTIVES", "REJECTED",
     "run_program", "run_primitive", "run_raw_collective", "run_rejected",
-    "verify_checks", "verify_rejection",
 ]
-
-# Relative tolerance per dtype for whole programs (several rounded ops) against a float64 reference;
-# the absolute tolerance is the same figure scaled by the reference's magnitude.
-PROGRAM_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
-
-
-@dataclass
-class Check:
-    """One value a rank computed and the value it must equal.
-
-    ``summed_over`` names ranks whose values must *sum* to ``expected`` (the gradient of an R
-    parameter is Partial); ``must_differ`` turns the check around (a program with a deliberate bug
-    must give a wrong value, or the test proves nothing); ``exact`` asks for bitwise equality.
-    """
-
-    what: str
-    actual: Any
-    expected: Any
-    summed_over: tuple[int, ...] | None = None
-    must_differ: bool = False
-    exact: bool = False
-
 
 # -- meshes ---------------------------------------------------------------------------------------
 
@@ -63,7 +40,9 @@ class Mesh:
     dp: Any = None
     dp_size: int = 1
     dp_index: int = 0
-    dp_peers: tuple[int, ...] = ()  # ranks that share this rank's tp index (they sum R gradients)
+    # Ranks that share this rank's tp index: weights are R on dp, so their gradients are Partial
+    # there and these ranks' values add up (the ``summed_over`` of a Check). None without dp.
+    dp_peers: tuple[int, ...] | None = None
 
     def types(self, tp_type, dp_type=None) -> dict:
         """A local-type dict for ``assert_type``: ``tp_type`` on tp, plus ``dp_type`` when there is a dp axis."""
@@ -80,8 +59,7 @@ def _mesh(ctx, name: str) -> Mesh:
     import torch.distributed as dist
 
     if name == "1d":
-        return Mesh(tp=ctx.group, tp_size=ctx.world_size, tp_index=ctx.rank,
-                    dp_peers=tuple(range(ctx.world_size)))
+        return Mesh(tp=ctx.group, tp_size=ctx.world_size, tp_index=ctx.rank)
     if name != "dp_x_tp":
         raise ValueError(f"unknown mesh {name!r}: expected '1d' or 'dp_x_tp'")
     if ctx.world_size != 4:
@@ -191,15 +169,10 @@ def program_tp_mlp(mesh: Mesh, C, dtype) -> list[Check]:
         Check("output y (I: the full output on every rank)", y, sliced[0]),
         Check("grad of x (I: the full gradient on every rank)", x_l.grad, sliced[1]),
         Check("grad of W1 (V: this rank's rows of the reference)", w1_l.grad,
-              grads["w1"].chunk(mesh.tp_size, 0)[mesh.tp_index], summed_over=_dp_peers(mesh)),
+              grads["w1"].chunk(mesh.tp_size, 0)[mesh.tp_index], summed_over=mesh.dp_peers),
         Check("grad of W2 (V: this rank's columns of the reference)", w2_l.grad,
-              grads["w2"].chunk(mesh.tp_size, 1)[mesh.tp_index], summed_over=_dp_peers(mesh)),
+              grads["w2"].chunk(mesh.tp_size, 1)[mesh.tp_index], summed_over=mesh.dp_peers),
     ]
-
-
-def _dp_peers(mesh: Mesh) -> tuple[int, ...] | None:
-    """Weights are R on dp: their gradients are Partial there, so dp peers' values add up."""
-    return mesh.dp_peers if mesh.dp is not None else None
 
 
 def _sequence_parallel(mesh: Mesh, C, dtype, gamma_type: str) -> list[Check]:
@@ -236,14 +209,14 @@ def _sequence_parallel(mesh: Mesh, C, dtype, gamma_type: str) -> list[Check]:
                          grads["gamma"], summed_over=tuple(range(tp * mesh.dp_size)))
                    if gamma_type == "R" else
                    Check("grad of gamma (I after invariant_to_replicate: the full gradient on every rank)",
-                         gamma_l.grad, grads["gamma"], summed_over=_dp_peers(mesh)))
+                         gamma_l.grad, grads["gamma"], summed_over=mesh.dp_peers))
     return [
         Check("output shard y (S(0): this rank's rows)", y, rows(y_ref)),
         Check("grad of x (S(0): this rank's rows)", x_l.grad, rows(grads["x"])),
         Check("grad of W1 (V: this rank's rows)", w1_l.grad, grads["w1"].chunk(tp, 0)[r],
-              summed_over=_dp_peers(mesh)),
+              summed_over=mesh.dp_peers),
         Check("grad of W2 (V: this rank's columns)", w2_l.grad, grads["w2"].chunk(tp, 1)[r],
-              summed_over=_dp_peers(mesh)),
+              summed_over=mesh.dp_peers),
         gamma_check,
     ]
 
@@ -821,68 +794,3 @@ def run_raw_collective(ctx, name: str, dtype_name: str, impl: str = "torch") -> 
     (out * ws[r]).sum().backward()
     return [Check("forward", out, expected, exact=True),
             Check("backward (gradient of the input)", x.grad, grad, exact=True)]
-
-
-# -- checking, in the controller ------------------------------------------------------------------
-
-def _mismatch(actual, expected, rtol: float, exact: bool) -> str | None:
-    """None when ``actual`` matches; else a one-line description of the first difference."""
-    import torch
-
-    actual, expected = torch.as_tensor(actual).detach(), torch.as_tensor(expected).detach()
-    if actual.shape != expected.shape:
-        return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    a, e = actual.double(), expected.double()
-    if exact:
-        bad = a != e
-    else:
-        scale = max(1.0, float(e.abs().max())) if e.numel() else 1.0
-        bad = (a - e).abs() > rtol * e.abs() + rtol * scale
-    if not bool(bad.any()):
-        return None
-    index = tuple(bad.nonzero()[0].tolist())
-    worst = float((a - e).abs().max())
-    return (f"{int(bad.sum())} of {a.numel()} elements differ (largest difference {worst:.3g}), first at "
-            f"{index}: got {a[index].item():.6g}, expected {e[index].item():.6g}")
-
-
-def verify_checks(per_rank: list[list[Check]], *, what: str, dtype_name: str = "float32") -> None:
-    """Raise one ConformanceFailure listing every Check that failed on any rank."""
-    rtol = PROGRAM_TOLERANCE.get(dtype_name, 1e-4)
-    failures: list[str] = []
-    for index, first in enumerate(per_rank[0]):
-        if first.summed_over is not None:
-            groups = {tuple(per_rank[rank][index].summed_over) for rank in range(len(per_rank))}
-            for group in sorted(groups):
-                total = sum(per_rank[rank][index].actual.double() for rank in group)
-                problem = _mismatch(total, per_rank[group[0]][index].expected, rtol, first.exact)
-                if problem:
-                    failures.append(f"ranks {list(group)} summed: {first.what}: {problem}")
-            continue
-        for rank, checks in enumerate(per_rank):
-            check = checks[index]
-            problem = _mismatch(check.actual, check.expected, rtol, check.exact)
-            if check.must_differ and problem is None:
-                failures.append(f"rank {rank}: {check.what}: equals the reference, but this program is "
-                                "deliberately wrong, so the check proves nothing")
-            elif not check.must_differ and problem:
-                failures.append(f"rank {rank}: {check.what}: {problem}")
-    if failures:
-        raise ConformanceFailure(f"{what} is wrong:\n  " + "\n  ".join(failures))
-
-
-def verify_rejection(per_rank: list[str | None], *, what: str, error_type: str, parts: tuple[str, ...]) -> None:
-    """Every rank must have raised ``error_type`` with a message containing each of ``parts``."""
-    failures = []
-    for rank, error in enumerate(per_rank):
-        if error is None:
-            failures.append(f"rank {rank}: the program ran; it must be rejected with {error_type}")
-            continue
-        kind, _, message = error.partition(": ")
-        missing = [p for p in parts if p not in message]
-        if kind != error_type or missing:
-            failures.append(f"rank {rank}: expected {error_type} mentioning {list(parts)}, got {kind}: "
-                            f"{message.splitlines()[0][:300] if message else ''}"
-                            + (f" (missing {missing})" if missing else ""))
-    if failures:
-        raise ConformanceFailure(f"{what}:\n  " + "\n  ".join(failures))

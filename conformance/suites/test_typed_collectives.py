@@ -25,6 +25,7 @@ import pytest
 
 from conformance import requires, world_size
 from conformance.suites import _typed_programs as programs
+from conformance.suites._typed_checks import verify_checks, verify_rejection
 
 pytestmark = requires("collectives")
 
@@ -37,27 +38,27 @@ def check_functional_collective(ranks, collective: str, direction: str, dtype_na
                                 impl: str = "torch") -> None:
     results = ranks.run(programs.run_raw_collective, collective, dtype_name, impl=impl)
     pick = 0 if direction == "forward" else 1
-    programs.verify_checks([[checks[pick]] for checks in results], dtype_name=dtype_name,
+    verify_checks([[checks[pick]] for checks in results], dtype_name=dtype_name,
                            what=f"functional collective {collective} ({direction}, {dtype_name}) on {ranks.backend}")
 
 
 def check_typed_collective(ranks, primitive: str, dtype_name: str, *, impl: str = "torch") -> None:
     results = ranks.run(programs.run_primitive, primitive, dtype_name, impl=impl)
-    programs.verify_checks(results, dtype_name=dtype_name,
+    verify_checks(results, dtype_name=dtype_name,
                            what=f"typed collective {primitive} on {dtype_name} over {ranks.backend}")
 
 
 def check_program(ranks, program: str, dtype_name: str, *, impl: str = "torch", mesh: str = "1d") -> None:
     results = ranks.run(programs.run_program, program, dtype_name, impl=impl, mesh=mesh)
     where = "a 2 x 2 dp x tp mesh" if mesh == "dp_x_tp" else f"{ranks.world_size} ranks"
-    programs.verify_checks(results, dtype_name=dtype_name,
+    verify_checks(results, dtype_name=dtype_name,
                            what=f"typed program {program} on {dtype_name}, {where} over {ranks.backend}")
 
 
 def check_rejected(ranks, program: str, *, impl: str = "torch") -> None:
     _, error_type, parts = programs.REJECTED[program]
     errors = ranks.run(programs.run_rejected, program, impl=impl)
-    programs.verify_rejection(errors, error_type=error_type, parts=parts,
+    verify_rejection(errors, error_type=error_type, parts=parts,
                               what=f"typed program {program} over {ranks.backend} must be rejected")
 
 

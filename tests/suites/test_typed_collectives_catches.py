@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.checks import ConformanceFailure
+from conformance.suites import _typed_checks as checks
 from conformance.suites import _typed_programs as programs
 from conformance.suites import test_typed_collectives as suite
 
@@ -71,27 +72,27 @@ def test_unknown_implementation_name_is_a_clear_error(ranks):
 def _check(actual, expected, **kwargs):
     import torch
 
-    return programs.Check("grad of w", torch.tensor(actual), torch.tensor(expected), **kwargs)
+    return checks.Check("grad of w", torch.tensor(actual), torch.tensor(expected), **kwargs)
 
 
 def test_summed_gradients_must_add_up_to_the_reference():
     per_rank = [[_check([1.0, 2.0], [3.0, 3.0], summed_over=(0, 1))],
                 [_check([2.0, 0.0], [3.0, 3.0], summed_over=(0, 1))]]
     with pytest.raises(ConformanceFailure, match=r"ranks \[0, 1\] summed: grad of w: 1 of 2 elements differ"):
-        programs.verify_checks(per_rank, what="program")
+        checks.verify_checks(per_rank, what="program")
     per_rank[1][0] = _check([2.0, 1.0], [3.0, 3.0], summed_over=(0, 1))
-    programs.verify_checks(per_rank, what="program")
+    checks.verify_checks(per_rank, what="program")
 
 
 def test_a_deliberately_wrong_program_that_comes_out_right_proves_nothing():
     per_rank = [[_check([1.0], [1.0], must_differ=True)], [_check([0.5], [1.0], must_differ=True)]]
     with pytest.raises(ConformanceFailure, match=r"rank 0: grad of w: equals the reference, but this program "
                                                  r"is deliberately wrong"):
-        programs.verify_checks(per_rank, what="program")
+        checks.verify_checks(per_rank, what="program")
 
 
 def test_bf16_tolerance_is_wider_than_float32():
     per_rank = [[_check([1.01], [1.0])]]
-    programs.verify_checks(per_rank, what="program", dtype_name="bfloat16")
+    checks.verify_checks(per_rank, what="program", dtype_name="bfloat16")
     with pytest.raises(ConformanceFailure, match=r"rank 0: grad of w: 1 of 1 elements differ"):
-        programs.verify_checks(per_rank, what="program", dtype_name="float32")
+        checks.verify_checks(per_rank, what="program", dtype_name="float32")
