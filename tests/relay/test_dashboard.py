@@ -149,3 +149,20 @@ def test_json_api_behind_every_page(seeded):
     for path in ("/api/overview", "/api/backends/{name}", "/api/prs/{number}", "/api/tests/{test_id}",
                  "/api/tests/failing", "/api/runs/{run}", "/github/callback"):
         assert path in paths
+
+
+def test_links_to_a_test_whose_id_has_url_characters(sqlite_url, results_relay, page):  # noqa: F811
+    """Parametrised ids may hold '#', '?' or '%': the link must still reach that test's page."""
+    relay, drive = results_relay(sqlite_url)
+    delivery = drive.open_pr(71, head_sha="7" * 40, title="ids")
+    nonce = drive.nonce("l4", delivery)
+    assert drive.start("l4", nonce).status_code == 200
+    odd = "conformance/suites/test_collectives.py::test_odd[a#b?c=1%2]"
+    body = report("l4", [(odd, "failed", "wrong")])
+    assert drive.complete("l4", nonce, "failure", report_body=body).status_code == 200
+    (run,) = relay.store.runs(backend="l4", pr_number=71)
+    visit(page, f"{relay.url}/runs/{run.id}", "run-odd-id")
+    page.locator("section.failure h3 a").first.click()
+    page.wait_for_load_state()
+    assert "collectives::test_odd[a#b?c=1%2]" in page.locator("h1, h2").first.inner_text()
+    assert page.locator("#history tbody tr").count() == 1
