@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections import Counter
 import tempfile
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -76,26 +76,28 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def _header_wanted(config: pytest.Config) -> bool:
-    """Show the header up front when the run is clearly a conformance run (the CLI always says so)."""
+def _header_up_front(config: pytest.Config) -> bool:
+    """Whether the run is clearly a conformance run (the CLI always says so): then the header is part
+    of pytest's own header. Otherwise it is printed after collection, and only if a conformance test
+    was collected, so that a run of unrelated tests never probes (or imports torch)."""
     return config.getoption("backend") != "auto" or bool(config.getoption("conformance_report"))
 
 
-def suite_of(item: pytest.Item) -> str:
-    """``test_collectives.py`` -> ``collectives``."""
-    return Path(str(item.path)).stem.removeprefix("test_")
+def suite_name(path: str | os.PathLike) -> str:
+    """``.../test_collectives.py`` -> ``collectives``."""
+    return Path(path).stem.removeprefix("test_")
 
 
 def test_id_of(item: pytest.Item) -> str:
     """What known-failure patterns match: ``<suite>::<test name with parameters>``."""
-    return f"{suite_of(item)}::{item.name}"
+    return f"{suite_name(item.path)}::{item.name}"
 
 
 def _is_conformance_item(item: pytest.Item) -> bool:
     return ("ranks" in getattr(item, "fixturenames", ())
             or item.get_closest_marker("requires") is not None
             or item.get_closest_marker("world_size") is not None
-            or SUITES_DIR in Path(str(item.path)).parents)
+            or SUITES_DIR in item.path.parents)
 
 
 def _session(config: pytest.Config):
@@ -111,6 +113,8 @@ def _session(config: pytest.Config):
         except DescriptorError as exc:
             raise pytest.UsageError(str(exc)) from None
         config.stash[SESSION_KEY] = session
+        # Normally closed at session finish; this also covers runs that never get there.
+        config.add_cleanup(session.close)
     return session
 
 
@@ -141,7 +145,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     session = _session(config)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and not _is_xdist_worker(config) and not _header_wanted(config):
+    if reporter is not None and not _is_xdist_worker(config) and not _header_up_front(config):
         for line in session.header_lines():
             reporter.write_line(line)
     for item in conformance_items:
@@ -234,28 +238,27 @@ class ConformanceRun:
 
     def __init__(self, config: pytest.Config):
         self.config = config
-        self.results: dict[str, TestResult] = {}
+        self.verdicts: dict[str, tuple[str, str, str]] = {}  # nodeid -> (suite, outcome, message)
+        self.durations: defaultdict[str, float] = defaultdict(float)
         self.worker_events: list[str] = []
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        if not _header_wanted(config) or _is_xdist_worker(config):
+        if not _header_up_front(config) or _is_xdist_worker(config):
             return []
         return _session(config).header_lines()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Setup, call and teardown each report: every phase's time counts, the call's outcome is
+        # the verdict unless a phase failed or skipped (an error in teardown overrides a pass).
+        self.durations[report.nodeid] += max(report.duration, 0.0)
         outcome = _outcome(report)
-        if outcome is None:
-            return
-        suite = Path(report.location[0]).stem.removeprefix("test_")
-        result = TestResult(nodeid=report.nodeid, suite=suite, outcome=outcome,
-                            duration=max(report.duration, 0.0), message=_message(report))
-        previous = self.results.get(report.nodeid)
-        if previous is not None:
-            # Setup, call and teardown each report: durations add up, and an error in teardown
-            # overrides a pass.
-            keep = previous if result.outcome == "passed" else result
-            result = keep.model_copy(update={"duration": previous.duration + result.duration})
-        self.results[report.nodeid] = result
+        if outcome is not None and (outcome != "passed" or report.nodeid not in self.verdicts):
+            self.verdicts[report.nodeid] = (suite_name(report.location[0]), outcome, _message(report))
+
+    def results(self) -> list[TestResult]:
+        return [TestResult(nodeid=nodeid, suite=suite, outcome=outcome, duration=self.durations[nodeid],
+                           message=message)
+                for nodeid, (suite, outcome, message) in self.verdicts.items()]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
@@ -285,12 +288,6 @@ class ConformanceRun:
         path = config.getoption("conformance_report")
         if not path or _is_xdist_worker(config):
             return
-        state = _session(config)
-        report = state.build_report(list(self.results.values()), extra_events=self.worker_events)
+        report = _session(config).build_report(self.results(), extra_events=self.worker_events)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(report.model_dump_json(indent=2) + "\n")
-
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
-        state = config.stash.get(SESSION_KEY, None)
-        if state is not None:
-            state.close()

@@ -71,7 +71,6 @@ class ConformanceSession:
     available_ranks: int
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     pools: dict[int, object] = field(default_factory=dict)
-    retired_events: list[str] = field(default_factory=list)
 
     @classmethod
     def create(cls, options: RunOptions) -> "ConformanceSession":
@@ -97,13 +96,12 @@ class ConformanceSession:
 
     @property
     def events(self) -> list[str]:
-        return self.retired_events + [f"{p.world_size} ranks: {e}" for p in self.pools.values() for e in p.events]
+        return [f"{p.world_size} ranks: {e}" for p in self.pools.values() for e in p.events]
 
     def close(self) -> None:
+        """Stop every pool's ranks; the pools (and their events) stay for the report. Idempotent."""
         for pool in self.pools.values():
-            self.retired_events.extend(f"{pool.world_size} ranks: {e}" for e in pool.events)
             pool.close()
-        self.pools.clear()
 
     # -- header and report ------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
@@ -115,11 +113,9 @@ class ConformanceSession:
             f"distributed backend {d.distributed_backend}, torch {torch.__version__}, "
             f"world size {self.world_size} (ranks available: {self.available_ranks})",
         ]
-        probed = []
-        for name, probe in self.capabilities.probes.items():
-            ok, _ = self.capabilities.usable(name)
-            probed.append(f"{name}={'yes' if ok else 'no'}")
-        lines.append("conformance: capabilities: " + " ".join(probed))
+        usable = (f"{name}={'yes' if self.capabilities.usable(name)[0] else 'no'}"
+                  for name in self.capabilities.probes)
+        lines.append("conformance: capabilities: " + " ".join(usable))
         for line in self.capabilities.mismatches():
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
         return lines

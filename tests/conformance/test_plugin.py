@@ -110,6 +110,22 @@ def test_skip_xfail_and_report(pytester, suite):
         "declared": False, "probed": False, "reason": "SymmetricMemory does not support device type cpu"}
 
 
+def test_report_duration_counts_setup_and_teardown(pytester):
+    pytester.makepyfile(test_slow_fixture='''
+        import time, pytest
+        @pytest.fixture
+        def slow():
+            time.sleep(0.3)
+            yield
+            time.sleep(0.3)
+        def test_quick_call(slow):
+            pass
+    ''')
+    pytester.runpytest_subprocess("--conformance-report", "r.json", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    [test] = validate_report(json.loads((pytester.path / "r.json").read_text())).tests
+    assert test.outcome == "passed" and test.duration >= 0.6
+
+
 def test_world_size_four_runs_when_asked(pytester):
     pytester.makepyfile(test_four='''
         from conformance import world_size
