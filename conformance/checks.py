@@ -26,41 +26,42 @@ def tolerance(dtype) -> tuple[float, float]:
     }.get(dtype, (0.0, 0.0))
 
 
-def _diff(actual, expected) -> str:
+def _mismatch(actual, expected, exact: bool):
+    """The elements that differ, as a bool tensor: within the dtype's tolerance, or exactly when
+    ``exact`` or not floating point; NaN equals NaN either way. Shapes and dtypes already agree."""
     import torch
 
+    if exact or not actual.is_floating_point():
+        differ = actual != expected
+        if actual.is_floating_point():
+            differ &= ~(actual.isnan() & expected.isnan())
+        return differ
+    rtol, atol = tolerance(actual.dtype)
+    return ~torch.isclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+def _diff(actual, expected, exact: bool) -> str | None:
+    """What differs between the tensors, or None when they agree."""
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
         return f"dtype {actual.dtype}, expected {expected.dtype}"
-    mismatch = (actual != expected) if not actual.is_floating_point() else ~torch.isclose(
-        actual.double(), expected.double(), *tolerance(actual.dtype), equal_nan=True)
-    idx = mismatch.nonzero()
-    first = tuple(idx[0].tolist()) if len(idx) else ()
-    shown_a = actual.flatten()[:8].tolist()
-    shown_e = expected.flatten()[:8].tolist()
+    mismatch = _mismatch(actual, expected, exact)
+    if not mismatch.any():
+        return None
+    first = tuple(mismatch.nonzero()[0].tolist())
+    more = "..." if actual.numel() > 8 else ""
     return (f"{int(mismatch.sum())} of {actual.numel()} elements differ, first at index {first}: "
-            f"got {actual[first].item() if first else actual.flatten()[0].item()!r}, "
-            f"expected {expected[first].item() if first else expected.flatten()[0].item()!r}; "
-            f"got {shown_a}..., expected {shown_e}...")
+            f"got {actual[first].item()!r}, expected {expected[first].item()!r}; "
+            f"got {actual.flatten()[:8].tolist()}{more}, expected {expected.flatten()[:8].tolist()}{more}")
 
 
 def assert_close(actual, expected, *, what: str, rank: int | None = None, exact: bool = False) -> None:
-    """Compare one tensor with tolerances for its dtype (or bitwise when ``exact``)."""
-    import torch
-
-    where = f"rank {rank}: " if rank is not None else ""
-    ok = actual.shape == expected.shape and actual.dtype == expected.dtype
-    if ok:
-        if exact or not actual.is_floating_point():
-            ok = torch.equal(actual, expected) or (
-                actual.is_floating_point() and torch.equal(actual.isnan(), expected.isnan())
-                and torch.equal(actual.nan_to_num(), expected.nan_to_num()))
-        else:
-            rtol, atol = tolerance(actual.dtype)
-            ok = torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=True)
-    if not ok:
-        raise ConformanceFailure(f"{where}{what} is wrong: {_diff(actual, expected)}")
+    """Compare one tensor with tolerances for its dtype (or exactly when ``exact``; NaN equals NaN)."""
+    problem = _diff(actual, expected, exact)
+    if problem is not None:
+        where = f"rank {rank}: " if rank is not None else ""
+        raise ConformanceFailure(f"{where}{what} is wrong: {problem}")
 
 
 def assert_ranks_equal(results: Sequence[Any], expected: Sequence[Any] | Any, *, what: str,
