@@ -12,13 +12,13 @@ import tempfile
 from pathlib import Path
 
 from conformance.descriptors import CAPABILITIES, DescriptorError
+from conformance.plugin import SUITES_DIR, required_capabilities, required_world_size, suite_name, test_id_of
 
-SUITES_DIR = Path(__file__).resolve().parent / "suites"
 COLUMNS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
 
 
 def available_suites() -> list[str]:
-    return sorted(p.stem.removeprefix("test_") for p in SUITES_DIR.glob("test_*.py"))
+    return sorted(suite_name(p) for p in SUITES_DIR.glob("test_*.py"))
 
 
 def _suite_paths(names: list[str] | None) -> list[str]:
@@ -32,7 +32,7 @@ def _suite_paths(names: list[str] | None) -> list[str]:
 
 def _common_pytest_args(args: argparse.Namespace) -> list[str]:
     out = ["--backend", args.backend, "-p", "no:cacheprovider"]
-    if getattr(args, "world_size", None):
+    if args.world_size:
         out += ["--world-size", str(args.world_size)]
     if args.backends_dir:
         out += ["--backends-dir", args.backends_dir]
@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_backends(args: argparse.Namespace) -> int:
     from conformance.capabilities import probe_capabilities
     from conformance.descriptors import load_descriptors
-    from conformance.detect import detect_backend, import_setup_modules
+    from conformance.detect import detect_backend, resolve_backend
 
     try:
         descriptors = load_descriptors(args.backends_dir)
@@ -101,9 +101,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print(f"{d.name:10} {d.device_type:8} {d.distributed_backend:8} {d.world_size:<5} {d.source}{mark}")
     if detected is None:
         print(f"\nno descriptor matches this machine: {why}")
-        return 1
-    shown = descriptors[args.backend] if args.backend != "auto" else descriptors[detected]
-    import_setup_modules(shown)
+        if args.backend == "auto":
+            return 1
+    try:
+        shown = resolve_backend(detected if args.backend == "auto" else args.backend, descriptors)
+    except DescriptorError as exc:
+        print(f"conformance: {exc}", file=sys.stderr)
+        return 2
     report = probe_capabilities(shown)
     print(f"\ncapabilities of {shown.name} (declared vs probed here):")
     for name in CAPABILITIES:
@@ -113,7 +117,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
         flag = "" if shown.declares(name) == probe.available else "  MISMATCH"
         reason = f"  ({probe.reason})" if probe.reason else ""
         print(f"  {name:17} declared {declared:3}  probed {probed:3}{flag}{reason}")
-    return 0
+    return 0 if detected else 1
 
 
 class _Lister:
@@ -121,10 +125,14 @@ class _Lister:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.errors: list[str] = []
+
+    def pytest_collectreport(self, report) -> None:
+        # pytest's terminal reporter is off (it would print its own listing): say what broke.
+        if report.failed:
+            self.errors.append(f"conformance: cannot collect {report.nodeid}:\n{report.longreprtext}")
 
     def pytest_collection_finish(self, session) -> None:
-        from conformance.plugin import required_capabilities, required_world_size, test_id_of
-
         for item in session.items:
             needs = ", ".join(required_capabilities(item)) or "-"
             ranks = required_world_size(item)
@@ -141,11 +149,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     import pytest
 
     lister = _Lister()
-    code = pytest.main(_suite_paths(args.suite) + _common_pytest_args(args) + ["--collect-only",
-                       "-p", "no:terminal"], plugins=[lister])
+    code = int(pytest.main(_suite_paths(args.suite) + _common_pytest_args(args) + ["--collect-only",
+                           "-p", "no:terminal"], plugins=[lister]))
+    for error in lister.errors:
+        print(error, file=sys.stderr)
+    if code != 0:  # a usage or collection error (already shown): a partial list would mislead
+        return code
     print("\n".join(lister.lines))
     print(f"{len(lister.lines)} tests")
-    return int(code)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "pytest_args", None) and args.pytest_args[0] == "--":
         args.pytest_args = args.pytest_args[1:]
-    elif not hasattr(args, "pytest_args"):
-        args.pytest_args = []
     return args.func(args)
 
 

@@ -75,3 +75,29 @@ def test_list_shows_capabilities_and_fate(tmp_path):
     assert "collectives::test_barrier  requires: collectives" in lines
     premul = [l for l in lines if l.startswith("collectives::test_all_reduce[PREMUL_SUM-float32]")][0]
     assert "[xfail: known failure on cpu: gloo has no PREMUL_SUM reduction" in premul
+
+
+def test_backends_refuses_an_unknown_backend_by_name(tmp_path):
+    result = conformance("backends", "--backend", "tpu", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown backend 'tpu'; known: cpu, cuda, rocm, xpu or auto" in result.stderr
+
+
+def test_list_with_a_bad_option_prints_the_error_and_no_tests(tmp_path):
+    result = conformance("list", "--suite", "collectives", "--backend", "tpu", cwd=tmp_path)
+    assert result.returncode == 4
+    assert "unknown backend 'tpu'; known: cpu, cuda, rocm, xpu or auto" in result.stderr
+    assert result.stdout == ""
+
+
+def test_list_names_a_suite_that_cannot_be_collected(tmp_path, monkeypatch, capsys):
+    from conformance import cli
+
+    (tmp_path / "test_broken.py").write_text("import no_such_module_for_conformance\n")
+    monkeypatch.setattr(cli, "SUITES_DIR", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["list"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "conformance: cannot collect test_broken.py:" in err
+    assert "No module named 'no_such_module_for_conformance'" in err
