@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from conformance.report import ReportValidationError, validate_report
 
 from relay.oidc import AuthError, Caller, CallerAuth
+from relay.request_body import BodyRefused, read_capped
 from relay.runs import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store import StoreUnavailable
 from relay.store.results import CallbackUpdate
@@ -248,16 +249,6 @@ async def verified_caller(request: Request) -> Caller:
     return caller
 
 
-async def _read_capped(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise CallbackRejected(413, "payload_too_large", f"body exceeds the limit of {limit} bytes (RELAY_CALLBACK_MAX_BYTES)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 router = APIRouter(tags=["callbacks"])
 
 _ERRORS = {
@@ -280,7 +271,10 @@ _ERRORS = {
 )
 async def callback(request: Request, caller: Annotated[Caller, Depends(verified_caller)]) -> CallbackAccepted:
     service = _service(request)
-    body = await _read_capped(request, service.max_body_bytes)
+    try:
+        body = await read_capped(request, service.max_body_bytes, "RELAY_CALLBACK_MAX_BYTES")
+    except BodyRefused as refused:
+        raise CallbackRejected(refused.status, refused.code, refused.detail) from None
     try:
         return await run_in_threadpool(service.process, caller, body)
     except StoreUnavailable as exc:

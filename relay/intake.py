@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse
 from relay import events as events_mod
 from relay import tiers
 from relay.events import PayloadError, UpstreamEvent
+from relay.request_body import BodyRefused, read_capped
 from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreUnavailable
 
 __all__ = ["SIGNATURE_HEADER", "Webhook", "WebhookRejected", "router", "signature_matches", "verified_webhook"]
@@ -86,26 +87,13 @@ def signature_matches(body: bytes, header: str, secrets_: list[bytes]) -> bool:
     return ok
 
 
-async def _read_capped(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise WebhookRejected(400, "bad_request", "Content-Length is not a number")
-        if int(declared) > limit:
-            raise WebhookRejected(413, "payload_too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes (RELAY_MAX_BODY_BYTES)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise WebhookRejected(413, "payload_too_large", f"body exceeds the limit of {limit} bytes (RELAY_MAX_BODY_BYTES)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def verified_webhook(request: Request) -> Webhook:
     """The signature is checked before any other header or the body is looked at."""
     settings = request.app.state.settings
-    body = await _read_capped(request, settings.max_body_bytes)
+    try:
+        body = await read_capped(request, settings.max_body_bytes, "RELAY_MAX_BODY_BYTES")
+    except BodyRefused as refused:
+        raise WebhookRejected(refused.status, refused.code, refused.detail) from None
     signature = request.headers.get(SIGNATURE_HEADER)
     if signature is None:
         raise WebhookRejected(401, "signature_missing", f"{SIGNATURE_HEADER} header is missing; configure a secret on the webhook")
