@@ -32,8 +32,10 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from relay.testing.loopback import LoopbackServer
 
 __all__ = ["Fault", "FakeGitHub", "RecordedRequest"]
 
@@ -117,13 +119,7 @@ class RecordedRequest:
     answered: int | None  # status sent back (None: connection dropped)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256  # the default (5) drops bursts of connections into 1 s SYN retries
-
-
-class FakeGitHub:
+class FakeGitHub(LoopbackServer):
     """FakeGitHub(tokens=("test-token",), app_id=None, app_public_key_pem=None, latency=0.0)."""
 
     def __init__(
@@ -151,34 +147,10 @@ class FakeGitHub:
         self._faults: list[tuple[str | None, str | None, Fault]] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1000)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> "FakeGitHub":
-        self._server = _Server(("127.0.0.1", 0), _handler_for(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-github", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "FakeGitHub":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() the fake first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _handler_for(self)
 
     # --- scripting ------------------------------------------------------------------------------
     def script(self, *faults: Fault, repository: str | None = None, endpoint: str | None = "dispatches") -> None:

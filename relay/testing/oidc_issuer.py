@@ -12,14 +12,15 @@ claims GitHub sets (repository, run_id, run_attempt, ...); keyword arguments ove
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from relay.testing.loopback import LoopbackServer
 
 __all__ = ["FakeOidcIssuer", "new_rsa_key"]
 
@@ -28,12 +29,11 @@ def new_rsa_key():
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-class FakeOidcIssuer:
+class FakeOidcIssuer(LoopbackServer):
     def __init__(self):
         self.keys: dict[str, Any] = {}
         self.current_kid = ""
         self.jwks_requests = 0
-        self._server: ThreadingHTTPServer | None = None
         self.rotate()
 
     def rotate(self) -> str:
@@ -49,11 +49,6 @@ class FakeOidcIssuer:
             jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
             keys.append({**jwk, "kid": kid, "use": "sig", "alg": "RS256"})
         return {"keys": keys}
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() the issuer first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def mint(self, repository: str, audience: str, *, run_id: int = 1001, run_attempt: int = 1,
              lifetime: float = 300, now: float | None = None, kid: str | None = None, key=None,
@@ -74,7 +69,7 @@ class FakeOidcIssuer:
             return jwt.encode(body, key or "a-shared-secret-" * 4, algorithm=algorithm, headers={"kid": kid})
         return jwt.encode(body, key or self.keys[self.current_kid], algorithm=algorithm, headers={"kid": kid})
 
-    def start(self) -> "FakeOidcIssuer":
+    def handler(self) -> type[BaseHTTPRequestHandler]:
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -99,19 +94,4 @@ class FakeOidcIssuer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "FakeOidcIssuer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return Handler
