@@ -37,7 +37,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from relay import events as events_mod
-from relay import tiers
+from relay import trust
 from relay.events import PayloadError, UpstreamEvent
 from relay.json_input import JsonRefused, load_json
 from relay.request_body import BodyRefused, read_capped
@@ -143,7 +143,7 @@ def _invalid(request: Request, hook: Webhook, exc: PayloadError) -> JSONResponse
     return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
 
 
-def _new_dispatches(event: UpstreamEvent, targets: list[tiers.Target]) -> list[NewDispatch]:
+def _new_dispatches(event: UpstreamEvent, targets: list[trust.Target]) -> list[NewDispatch]:
     """One outbox row per target, each with its own nonce; raises PayloadError over GitHub's limits."""
     nonces = [secrets.token_urlsafe(24) for _ in targets]
     event_type = events_mod.event_type(event)
@@ -181,7 +181,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
     except PayloadError as exc:
         return _invalid(request, hook, exc)
 
-    if hook.event == "pull_request" and event.action not in tiers.PR_ACTIONS:
+    if hook.event == "pull_request" and event.action not in trust.PR_ACTIONS:
         return _answer(request, hook, 200, "ignored", reason=f"action {event.kind!r} is not handled")
 
     outcome, reason, targets, raw = "stored", None, [], None
@@ -189,7 +189,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         raw = hook.body.decode("utf-8", errors="replace")
         reason = "kept for re-run requests; nothing is dispatched"
     else:
-        targets, reason = tiers.route(event, state.allowlist)
+        targets, reason = trust.route(event, state.allowlist)
         outcome = "queued" if targets else "recorded"
     try:
         new_dispatches = _new_dispatches(event, targets)

@@ -1,7 +1,7 @@
 """Every table of the store, imported in one place so that ``Base.metadata`` is complete.
 
 Read by the Alembic environment and by tests that compare the migrated schema with the models.
-Part 2 adds its concept modules (runs, test results) to this list.
+A new concept module adds its table class here.
 """
 
 from relay.store.backends import BackendRow
@@ -13,7 +13,7 @@ from relay.store.callback_nonces import ExpiredNonceRow
 from relay.store.reported_states import ReportedStateRow
 from relay.store.rerun_requests import RerunRequestRow
 from relay.store.runs import RunRow
-from relay.store.test_results import TestResultRow
+from relay.store.per_test_results import TestResultRow
 
 __all__ = [
     "BackendRow", "Base", "Delivery", "Dispatch", "ExpiredNonceRow", "PullRequest", "RerunRequestRow",

@@ -25,7 +25,7 @@ from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreUnavailable, describe, guarded
 from relay.store.group_commit import GroupCommitter, WriterClosed
-from relay.store.results import ResultsOperations
+from relay.store.results_operations import ResultsOperations
 
 __all__ = ["Store", "StoreUnavailable"]
 
