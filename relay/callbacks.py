@@ -44,10 +44,10 @@ from conformance.report import ReportValidationError, validate_report
 
 from relay.oidc import AuthError, Caller, CallerAuth
 from relay.request_body import BodyRefused, read_capped
-from relay.runs import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
+from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store import StoreUnavailable
-from relay.store.results import CallbackUpdate
-from relay.store.test_results import NewTestResult
+from relay.store.results_operations import CallbackUpdate
+from relay.store.per_test_results import NewTestResult
 
 __all__ = ["CallbackBody", "CallbackRejected", "CallbackService", "RateLimiter", "rejection_handler", "router"]
 

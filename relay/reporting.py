@@ -43,7 +43,7 @@ from conformance.descriptors import TrustLevel
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError
 from relay.store.base import utcnow
 from relay.store.runs import RunView
-from relay.store.test_results import FAILING_OUTCOMES, TestResultView
+from relay.store.per_test_results import FAILING_OUTCOMES, TestResultView
 
 __all__ = ["CHECK_RUN", "STATUS", "Decision", "Reporter", "ReportingClient", "ReportingWorker", "ReportTarget", "decide"]
 

@@ -97,6 +97,10 @@ class Settings(BaseSettings):
 
     # --- store
     database_url: str = "sqlite:///relay.db"
+    store_deadline_seconds: float = Field(
+        5.0, gt=0, lt=10, description="longest a webhook or /healthz waits on the store before answering 503 "
+        "(GitHub gives up after 10 s); also bounds each statement, lock wait and connection attempt"
+    )
 
     # --- dispatch
     dispatcher_enabled: bool = True
@@ -107,7 +111,7 @@ class Settings(BaseSettings):
     dispatch_backoff_base_seconds: float = Field(5.0, gt=0)
     dispatch_backoff_max_seconds: float = Field(900.0, gt=0)
 
-    # --- results (part 2): callbacks, reporting, re-runs, sweeper, level review, dashboard
+    # --- results: callbacks, reporting, re-runs, sweeper, level review, dashboard
     oidc_issuer: str = Field("https://token.actions.githubusercontent.com", description="OIDC issuer of callback tokens")
     oidc_audience: str | None = Field(None, description="audience callback OIDC tokens must carry; unset: OIDC off")
     oidc_jwks_url: str | None = Field(None, description="JWKS URL; default from the issuer's openid-configuration")

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, backend_or_404, context, iso, render
-from relay.levels import recommend, weekly_history
+from relay.level_review import recommend, weekly_history
 
 router = APIRouter()
 

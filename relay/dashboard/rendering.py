@@ -18,7 +18,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from relay.levels import Bars, bars_from_settings
+from relay.level_review import Bars, bars_from_settings
 
 __all__ = ["DashboardContext", "STATIC_DIR", "context", "render"]
 
@@ -62,7 +62,7 @@ _env.filters.update(outcome_class=outcome_class, duration=duration, when=when, s
 @dataclasses.dataclass(frozen=True)
 class DashboardContext:
     store: Any
-    backends: dict[str, Any]  # visible (display_on_hud) backends by name: tiers.Target
+    backends: dict[str, Any]  # visible (display_on_hud) backends by name: trust.Target
     hidden: tuple[str, ...]  # allowlisted but not shown (L1)
     bars: Bars
     upstream: str

@@ -2,7 +2,8 @@
 
 Written at start-up (``Store.sync_backends``) from the backend descriptors' ``relay`` sections; a
 backend whose descriptor lost its relay section is kept but marked inactive, so its past dispatches
-still name a known backend. Read by the dashboard and reporting (part 2).
+still name a known backend. Read by tests and by
+anyone inspecting the database; the running relay works from the descriptors it loaded.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Written by adoption (``adopt``: a sent dispatch that starts a run gets a ``dispatched`` row; a
 ``pull_request.closed`` dispatch cancels that PR's open runs), by callbacks (``bind`` then a state
-change decided by :mod:`relay.runs`) and by the sweeper (time-outs). Read by reporting, re-runs, the
+change decided by :mod:`relay.run_states`) and by the sweeper (time-outs). Read by reporting, re-runs, the
 level review and the dashboard. The downstream run id and attempt are unknown until the first
 callback: the ``dispatched`` row has them NULL and the first callback binds them.
 """
@@ -18,7 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.runs import FINAL_STATES, RunState, execution_seconds, queue_seconds
+from relay.run_states import FINAL_STATES, RunState, execution_seconds, queue_seconds
 from relay.store.base import Base
 from relay.store.deliveries import Delivery
 from relay.store.dispatches import Dispatch, DispatchState

@@ -27,7 +27,7 @@ GOOD = {
 
 def test_committed_schema_is_the_generated_one():
     committed = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json").read_text())
-    assert committed == report_schema(), "regenerate schemas/report.schema.json (see README, 'Report schema')"
+    assert committed == report_schema(), "regenerate schemas/report.schema.json (see docs/suite-authors.md, 'The JSON report')"
     assert schema_path().name == "report.schema.json"
 
 

@@ -3,7 +3,7 @@
 A mixin of :class:`relay.store.Store`: each method is one transaction, like the intake-side methods.
 Triggered by callbacks, reporting, the sweeper, re-runs, the level review and the dashboard; database
 errors surface as :class:`relay.store.StoreUnavailable`; a refused run transition as
-:class:`relay.runs.TransitionRefused`, with nothing written.
+:class:`relay.run_states.TransitionRefused`, with nothing written.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from relay.runs import RunState, check_transition
-from relay.store import callback_nonces, dispatches, reported_states, rerun_requests, runs, test_results
+from relay.run_states import RunState, check_transition
+from relay.store import callback_nonces, dispatches, per_test_results, reported_states, rerun_requests, runs
 from relay.store.base import utcnow
 from relay.store.errors import guarded
 from relay.store.deliveries import DeliveryView
@@ -38,7 +38,7 @@ class CallbackUpdate:
     summary: dict[str, Any] | None = None
     torch_version: str | None = None
     reason: str | None = None  # the downstream's own message when it sent no report
-    tests: Sequence[test_results.NewTestResult] = ()
+    tests: Sequence[per_test_results.NewTestResult] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ class ResultsOperations:
 
     @guarded
     def apply_callback(self, update: CallbackUpdate) -> CallbackApplied:
-        """Bind the run, check the transition in :mod:`relay.runs`'s table, write it (and the tests)."""
+        """Bind the run, check the transition in :mod:`relay.run_states`'s table, write it (and the tests)."""
         now = utcnow()
         with self._transaction() as session:
             dispatch = session.get(dispatches.Dispatch, update.dispatch_id, with_for_update=True)
@@ -81,7 +81,7 @@ class ResultsOperations:
                 row.torch_version = update.torch_version
                 if update.reason:
                     row.reason = update.reason
-                recorded = test_results.add_many(session, row, update.tests, now)
+                recorded = per_test_results.add_many(session, row, update.tests, now)
             session.flush()
             return CallbackApplied(runs.view(row), previous, recorded)
 
@@ -123,19 +123,19 @@ class ResultsOperations:
             return runs.query(session, **filters)
 
     @guarded
-    def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[test_results.TestResultView]:
+    def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[per_test_results.TestResultView]:
         with self._transaction() as session:
-            return test_results.for_runs(session, run_pks, outcomes)
+            return per_test_results.for_runs(session, run_pks, outcomes)
 
     @guarded
-    def test_history(self, test_id: str, limit: int = 200) -> list[test_results.TestResultView]:
+    def test_history(self, test_id: str, limit: int = 200) -> list[per_test_results.TestResultView]:
         with self._transaction() as session:
-            return test_results.history(session, test_id, limit)
+            return per_test_results.history(session, test_id, limit)
 
     @guarded
-    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[test_results.TestResultView]:
+    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[per_test_results.TestResultView]:
         with self._transaction() as session:
-            return test_results.since(session, when, backend)
+            return per_test_results.since(session, when, backend)
 
     @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:

@@ -178,7 +178,7 @@ def levels_command(args: argparse.Namespace) -> int:
 
     from relay.settings import load_settings
     from relay.store import Store
-    from relay.tiers import load_allowlist
+    from relay.trust import load_allowlist
 
     settings = load_settings()
     allowlist = load_allowlist(settings.backends_dir or packaged_backends_dir())

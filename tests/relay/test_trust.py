@@ -6,7 +6,7 @@ import pytest
 
 from conformance.descriptors import DescriptorError, TrustLevel, packaged_backends_dir
 from relay.events import normalise
-from relay.tiers import LEVELS, DisplayOnPR, Switches, Target, load_allowlist, route, shows_on_pr
+from relay.trust import LEVELS, DisplayOnPR, Switches, Target, load_allowlist, route, shows_on_pr
 from tests.relay.helpers import pr_payload, push_payload, write_backend
 
 

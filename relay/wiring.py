@@ -22,7 +22,7 @@ from relay.sweeper import Sweeper
 
 __all__ = ["ResultsSide", "build"]
 
-log = logging.getLogger("relay.results")
+log = logging.getLogger("relay.wiring")
 
 
 @dataclasses.dataclass
