@@ -1,6 +1,6 @@
 """Result callbacks: ``POST /github/callback``, where a downstream run reports its state and its report.
 
-Triggered by a backend repository's workflow (``workflows/conformance.yml``): once with
+Triggered by a backend repository's workflow (``.github/workflows/conformance.yml``): once with
 ``state: in_progress`` when the run starts, once with ``state: completed``, a ``conclusion`` and the
 conformance JSON report when it ends. Reads the caller's credentials (:mod:`relay.oidc`), the
 dispatch the nonce names, and the run record; writes the run's state, times and per-test results
@@ -85,13 +85,18 @@ class CallbackBody(BaseModel):
     run_url: str | None = Field(None, max_length=2000, pattern=r"^https?://", description="the run's page")
     conclusion: Literal[CONCLUSIONS] | None = Field(None, description="required with state completed")
     report: dict[str, Any] | None = Field(None, description="the conformance JSON report (completed only)")
+    message: str | None = Field(
+        None, max_length=1000, description="completed only: why there is no report (missing, truncated, off-schema)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "CallbackBody":
         if self.state == "completed" and self.conclusion is None:
             raise ValueError("state 'completed' needs a 'conclusion' (success, failure, cancelled, timed_out, ...)")
-        if self.state == "in_progress" and (self.conclusion is not None or self.report is not None):
-            raise ValueError("state 'in_progress' carries no 'conclusion' and no 'report'; send them with 'completed'")
+        if self.state == "in_progress" and (self.conclusion, self.report, self.message) != (None, None, None):
+            raise ValueError(
+                "state 'in_progress' carries no 'conclusion', 'report' or 'message'; send them with 'completed'",
+            )
         return self
 
 
@@ -257,7 +262,7 @@ class CallbackService:
             torch_version = report.torch.version
         return CallbackUpdate(
             target=state_for_conclusion(callback.conclusion), conclusion=callback.conclusion, summary=summary,
-            torch_version=torch_version, tests=tests or (), **common,
+            torch_version=torch_version, tests=tests or (), reason=callback.message, **common,
         )
 
 
