@@ -36,7 +36,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     """create_app(settings) -> FastAPI app; ``github`` replaces the GitHub client (tests, embedding)."""
     backends_dir = settings.backends_dir or packaged_backends_dir()
     allowlist = load_allowlist(backends_dir)
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, deadline_seconds=settings.store_deadline_seconds)
     metrics = observability.Metrics(store)
     github = github or GitHubClient.from_settings(settings)
 

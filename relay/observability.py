@@ -95,9 +95,9 @@ router = APIRouter(tags=["observability"])
 
 @router.get("/healthz")
 def healthz(request: Request) -> JSONResponse:
-    """200 when the store answers, 503 naming the problem otherwise."""
+    """200 when the store can be written within its deadline, 503 naming the problem otherwise."""
     try:
-        request.app.state.store.ping()
+        request.app.state.store.probe()
     except StoreUnavailable as exc:
         return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
     return JSONResponse({"status": "ok"})

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from relay.callbacks import CallbackService, RateLimiter
+from relay.callbacks import CallbackService, RateLimiter, ReportLimits
 from relay.oidc import CallerAuth, JwksCache, OidcVerifier
 from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker
 from relay.rerun import RerunWatcher
@@ -57,7 +57,9 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
         log.warning("RELAY_OIDC_AUDIENCE is unset: OIDC callbacks are refused; only static callback tokens work")
     auth = CallerAuth(allowlist, verifier)
     limiter = RateLimiter(settings.callback_rate_per_minute, settings.callback_rate_burst)
-    callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes)
+    limits = ReportLimits(max_tests=settings.callback_max_tests, max_message_chars=settings.callback_max_message_chars)
+    callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes,
+                                report_limits=limits)
     reporter = reporting = None
     if settings.reporting_enabled:
         reporter = Reporter(store, github, {t.name: t for t in allowlist}, mode=CHECK_RUN if settings.uses_github_app else STATUS,

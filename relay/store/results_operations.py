@@ -37,6 +37,7 @@ class CallbackUpdate:
     run_url: str | None = None
     summary: dict[str, Any] | None = None
     torch_version: str | None = None
+    reason: str | None = None  # the downstream's own message when it sent no report
     tests: Sequence[per_test_results.NewTestResult] = ()
 
 
@@ -78,6 +79,8 @@ class ResultsOperations:
                 row.conclusion = update.conclusion
                 row.summary = update.summary
                 row.torch_version = update.torch_version
+                if update.reason:
+                    row.reason = update.reason
                 recorded = per_test_results.add_many(session, row, update.tests, now)
             session.flush()
             return CallbackApplied(runs.view(row), previous, recorded)

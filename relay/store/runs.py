@@ -18,7 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.run_states import FINAL_STATES, RunState, execution_seconds, queue_seconds
+from relay.run_states import FINAL_STATES, RunState, TransitionRefused, execution_seconds, queue_seconds
 from relay.store.base import Base
 from relay.store.deliveries import Delivery
 from relay.store.dispatches import Dispatch, DispatchState
@@ -181,11 +181,29 @@ def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[list[
 
 def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, now: dt.datetime) -> RunRow:
     """The row of (dispatch, run id, attempt): the matching row, else the dispatch's unbound
-    ``dispatched`` row, else a new row (a later attempt). The caller holds the dispatch's lock."""
+    ``dispatched`` row, else a new row (a later attempt). The caller holds the dispatch's lock.
+
+    A dispatch's nonce binds the one downstream run that first called back with it: another run id
+    raises ``TransitionRefused("nonce_bound_to_other_run")``, and an attempt of the bound run that is not
+    later than every known attempt raises ``TransitionRefused("attempt_not_later")``.
+    """
     rows = session.scalars(select(RunRow).where(RunRow.dispatch_id == dispatch.id).order_by(RunRow.id)).all()
     for row in rows:
         if row.run_id == run_id and row.run_attempt == run_attempt:
             return row
+    bound = [row for row in rows if row.run_id is not None]
+    if bound and bound[0].run_id != run_id:
+        raise TransitionRefused(
+            "nonce_bound_to_other_run",
+            f"the nonce of dispatch {dispatch.id} (delivery {dispatch.delivery_id}) is bound to downstream run "
+            f"{bound[0].run_id}; run {run_id} cannot report with it (each dispatch starts one run)",
+        )
+    if bound and run_attempt <= max(row.run_attempt or 0 for row in bound):
+        raise TransitionRefused(
+            "attempt_not_later",
+            f"run {run_id} attempt {run_attempt} is not later than attempt "
+            f"{max(row.run_attempt or 0 for row in bound)} already reported for dispatch {dispatch.id}",
+        )
     for row in rows:
         if row.run_id is None:
             if row.state not in _FINAL:

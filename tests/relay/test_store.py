@@ -28,12 +28,12 @@ def test_delivery_and_dispatches_are_written_together(store):
 
 
 def test_a_failed_write_leaves_nothing_behind(store):
-    from sqlalchemy.exc import IntegrityError
+    from relay.store import StoreRefused
 
     store.record_delivery(new_delivery("d1"), new_dispatches("d1"))
     # The second delivery reuses a nonce: its dispatch insert fails, and so must its delivery row.
     clash = [NewDispatch(backend="a", repository="org/a", event_type="push", client_payload={}, nonce="d1-a")]
-    with pytest.raises(IntegrityError):
+    with pytest.raises(StoreRefused, match="delivery d2: the database refused its rows"):
         store.record_delivery(new_delivery("d2"), clash)
     assert store.delivery("d2") is None
     assert len(store.dispatches()) == 2
