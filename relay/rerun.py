@@ -27,6 +27,7 @@ from relay.store.base import utcnow
 from relay.store.deliveries import DeliveryView
 from relay.store.rerun_requests import RERUNS
 from relay.store.runs import RunView
+from relay.trust import BackendTarget
 
 __all__ = ["RETEST_ASSOCIATIONS", "RerunDecision", "RerunWatcher", "decide_rerun", "parse_retest"]
 
@@ -59,7 +60,7 @@ def _latest_per_backend(runs: Iterable[RunView]) -> list[RunView]:
     return sorted(latest.values(), key=lambda r: r.backend)
 
 
-def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, Any], upstream: str) -> RerunDecision:
+def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, BackendTarget], upstream: str) -> RerunDecision:
     """decide_rerun(event, webhook payload, store, allowlisted backends by name, upstream repo)."""
     action = payload.get("action")
     if event == "check_run":
@@ -121,7 +122,7 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
 class RerunWatcher:
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
-    def __init__(self, store, backends: Mapping[str, Any], *, upstream: str, poll_seconds: float = 2.0,
+    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, poll_seconds: float = 2.0,
                  adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None, on_run_changed=None):
         self.store = store
         self.backends = dict(backends)
