@@ -22,10 +22,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from relay.periodic import PeriodicThread
-from relay.store import NewDispatch
+from relay.store import NewDispatch, StoreUnavailable
 from relay.store.base import utcnow
 from relay.store.deliveries import DeliveryView
+from relay.store.rerun_requests import RERUNS
 from relay.store.runs import RunView
+from relay.trust import BackendTarget
 
 __all__ = ["RETEST_ASSOCIATIONS", "RerunDecision", "RerunWatcher", "decide_rerun", "parse_retest"]
 
@@ -58,7 +60,7 @@ def _latest_per_backend(runs: Iterable[RunView]) -> list[RunView]:
     return sorted(latest.values(), key=lambda r: r.backend)
 
 
-def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, Any], upstream: str) -> RerunDecision:
+def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, BackendTarget], upstream: str) -> RerunDecision:
     """decide_rerun(event, webhook payload, store, allowlisted backends by name, upstream repo)."""
     action = payload.get("action")
     if event == "check_run":
@@ -120,7 +122,7 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
 class RerunWatcher:
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
-    def __init__(self, store, backends: Mapping[str, Any], *, upstream: str, poll_seconds: float = 2.0,
+    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, poll_seconds: float = 2.0,
                  adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None, on_run_changed=None):
         self.store = store
         self.backends = dict(backends)
@@ -174,8 +176,18 @@ class RerunWatcher:
         if pending:
             self.adopt()  # once for the batch: the requests' own new dispatches are not sent yet
         for delivery in pending:
-            self.handle(delivery)
+            try:
+                self.handle(delivery)
+            except StoreUnavailable:
+                raise  # the store is at fault, not the request: the next poll tries again
+            except Exception as exc:  # noqa: BLE001 - one request that cannot be handled never stops the others
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("re-run request quarantined", extra={"delivery": delivery.delivery_id, "error": error})
+                self.store.quarantine_row(RERUNS, f"delivery {delivery.delivery_id}", error)
         return len(pending)
+
+    def problem(self) -> str | None:
+        return self._periodic.problem()
 
     def start(self) -> None:
         self._periodic.start()

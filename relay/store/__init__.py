@@ -32,6 +32,7 @@ _EXPORTS = {
     "NewDispatch": "relay.store.dispatches",
     "PullRequestSnapshot": "relay.store.pull_requests",
     "Store": "relay.store.store",
+    "StoreRefused": "relay.store.errors",
     "StoreUnavailable": "relay.store.store",
 }
 
