@@ -144,7 +144,7 @@ def _invalid(request: Request, hook: Webhook, exc: PayloadError) -> JSONResponse
     return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
 
 
-def _new_dispatches(event: UpstreamEvent, targets: list[trust.Target]) -> list[NewDispatch]:
+def _new_dispatches(event: UpstreamEvent, targets: list[trust.BackendTarget]) -> list[NewDispatch]:
     """One outbox row per target, each with its own nonce; raises PayloadError over GitHub's limits."""
     nonces = [secrets.token_urlsafe(24) for _ in targets]
     event_type = events_mod.event_type(event)

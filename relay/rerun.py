@@ -30,6 +30,7 @@ from relay.store import NewDispatch
 from relay.store.base import utcnow
 from relay.store.deliveries import DeliveryView
 from relay.store.runs import RunView
+from relay.trust import BackendTarget
 
 __all__ = ["RETEST_ASSOCIATIONS", "RerunDecision", "RerunWatcher", "decide_rerun", "parse_retest"]
 
@@ -98,7 +99,7 @@ def _check_run_decision(check: dict[str, Any], store, app_id: str | None) -> Rer
     return RerunDecision(runs=(run,))
 
 
-def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, Any], upstream: str,
+def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, BackendTarget], upstream: str,
                  app_id: str | None = None) -> RerunDecision:
     """decide_rerun(event, webhook payload, store, allowlisted backends by name, upstream repo, the relay's App id)."""
     action = payload.get("action")
@@ -154,7 +155,7 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
 class RerunWatcher:
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
-    def __init__(self, store, backends: Mapping[str, Any], *, upstream: str, app_id: str | None = None, poll_seconds: float = 2.0,
+    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, app_id: str | None = None, poll_seconds: float = 2.0,
                  adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None, on_run_changed=None):
         self.store = store
         self.backends = dict(backends)
