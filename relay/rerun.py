@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from relay.periodic import PeriodicThread
-from relay.store import NewDispatch
+from relay.store import NewDispatch, StoreUnavailable
 from relay.store.base import utcnow
 from relay.store.deliveries import DeliveryView
+from relay.store.rerun_requests import RERUNS
 from relay.store.runs import RunView
 from relay.trust import BackendTarget
 
@@ -210,8 +211,18 @@ class RerunWatcher:
         if pending:
             self.adopt()  # once for the batch: the requests' own new dispatches are not sent yet
         for delivery in pending:
-            self.handle(delivery)
+            try:
+                self.handle(delivery)
+            except StoreUnavailable:
+                raise  # the store is at fault, not the request: the next poll tries again
+            except Exception as exc:  # noqa: BLE001 - one request that cannot be handled never stops the others
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("re-run request quarantined", extra={"delivery": delivery.delivery_id, "error": error})
+                self.store.quarantine_row(RERUNS, f"delivery {delivery.delivery_id}", error)
         return len(pending)
+
+    def problem(self) -> str | None:
+        return self._periodic.problem()
 
     def start(self) -> None:
         self._periodic.start()

@@ -43,6 +43,10 @@ class ResultsSide:
             if part is not None:
                 part.stop()
 
+    def problems(self) -> list[str]:
+        """One sentence per background worker whose passes keep failing (``/healthz``)."""
+        return [p for p in (part.problem() for part in (self.sweeper, self.reruns) if part is not None) if p]
+
     def run_changed(self, run_pk: int) -> None:
         if self.reporting is not None:
             self.reporting.submit(run_pk)
