@@ -34,6 +34,7 @@ import datetime as dt
 import heapq
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -111,14 +112,31 @@ def _counts_line(run: RunView) -> str:
     return ", ".join(parts)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def md_code(text: str, *, in_table: bool = False) -> str:
+    """``text`` as one inert Markdown code span: no link, image, HTML, mention or autolink survives.
+
+    Everything a report carries (test ids, suite names, torch versions) is written through this. The
+    fence is one backtick longer than the longest run of backticks inside, so nothing can close it
+    early; line breaks become spaces (they would end a list item or a table row); in a table, ``|``
+    is escaped, because GitHub splits cells before it reads code spans.
+    """
+    flat = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    if in_table:
+        flat = flat.replace("|", "\\|")
+    return f"{fence} {flat} {fence}" if flat else "` `"
+
+
+def plain_text(text: str) -> str:
+    """One line of printable text (commit status descriptions are shown as they are sent)."""
+    return "".join(ch if ch.isprintable() else " " for ch in " ".join(text.split()))
 
 
 def summary_markdown(run: RunView, failures: list[TestResultView], details_url: str) -> str:
     lines = [f"**{_counts_line(run)}** on `{run.backend}`"]
     if run.torch_version:
-        lines[0] += f" (torch {run.torch_version})"
+        lines[0] += f" (torch {md_code(run.torch_version)})"
     if run.reason:
         lines.append(f"\nReason: {run.reason.replace('_', ' ')}")
     suites = (run.summary or {}).get("suites") or {}
@@ -126,16 +144,18 @@ def summary_markdown(run: RunView, failures: list[TestResultView], details_url: 
         lines += ["", "| suite | passed | failed | errors | skipped | xfailed | total |", "|---|---|---|---|---|---|---|"]
         for suite, c in suites.items():
             lines.append(
-                f"| {_md_cell(suite)} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('errors', 0)} | "
+                f"| {md_code(suite, in_table=True)} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('errors', 0)} | "
                 f"{c.get('skipped', 0)} | {c.get('xfailed', 0)} | {c.get('total', 0)} |"
             )
     if failures:
         lines += ["", f"First failing tests ({min(len(failures), FIRST_FAILURES)} of {len(failures)}):", ""]
         for failure in failures[:FIRST_FAILURES]:
-            message = failure.message.strip().replace("```", "'''")[:1500]
-            lines.append(f"- `{failure.test_id}` ({failure.outcome})")
+            message = failure.message.strip()[:1500]
+            lines.append(f"- {md_code(failure.test_id)} ({failure.outcome})")
             if message:
-                lines += ["  ```", *("  " + m for m in message.splitlines()[:15]), "  ```"]
+                # A fenced block is literal text; its fence outgrows any backtick run of the message.
+                fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", message)), default=0))
+                lines += [f"  {fence}", *("  " + m for m in message.splitlines()[:15]), f"  {fence}"]
     lines += ["", f"Full results: {details_url}"]
     text = "\n".join(lines)
     return text if len(text) <= SUMMARY_MAX_CHARS else text[: SUMMARY_MAX_CHARS - 20] + "\n\n(cut)"
@@ -149,7 +169,7 @@ def status_description(run: RunView, decision: Decision, failures: list[TestResu
     else:
         text = _counts_line(run)
         if failures:
-            text += f"; first: {failures[0].test_id}"
+            text += f"; first: {plain_text(failures[0].test_id)}"
         if decision.conclusion == "neutral":
             text = f"neutral (non-blocking): {text}"
     return text if len(text) <= DESCRIPTION_MAX_CHARS else text[: DESCRIPTION_MAX_CHARS - 1] + "…"
