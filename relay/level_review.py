@@ -6,9 +6,10 @@ files, this only recommends them. Bars (configurable, defaults from the upstream
 discussion): a success rate above 70 % to hold L2, above 90 % for L3 and L4, and every run finished
 within 3 hours of its dispatch.
 
-Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` is a success, every
-other conclusion and every time-out is not; cancelled runs (superseded by a newer push, or the PR was
-closed) are left out. Time to result is ``finished_at - dispatched_at`` (queue + execution).
+Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` of the dispatched
+commit's torch is a success, every other conclusion, a success of another torch (relay.provenance)
+and every time-out is not; cancelled runs (superseded by a newer push, or the PR was closed) are left
+out. Time to result is ``finished_at - dispatched_at`` (queue + execution).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def week_stats(backend: str, runs: Iterable[RunView], since: dt.datetime, until:
     times = [t for t in map(_time_to_result, counted) if t is not None]
     return WeekStats(
         backend=backend, since=since, until=until, runs=len(counted),
-        successes=sum(1 for r in counted if r.state == "completed" and r.conclusion == "success"),
+        successes=sum(1 for r in counted if r.state == "completed" and r.conclusion == "success"
+                      and not r.provenance_problem),
         within_limit=sum(1 for t in times if t <= bars.max_time_to_result_seconds),
         time_to_result_p50=_p50(times), time_to_result_max=max(times) if times else None,
         queue_p50=_p50([q for q in (r.queue_seconds for r in counted) if q is not None]),

@@ -14,6 +14,9 @@ What appears upstream (``decide``):
   label watch re-decides every run of the PR's head when the labels change. Failures (and time-outs)
   are reported as ``neutral`` with the failure summary: never blocking.
 * L4: every PR (and push), with the real conclusion: meant to be a required check.
+* Either level: a run whose report's torch is not the dispatched commit (:mod:`relay.provenance`) is
+  never a pass: ``failure`` at L4, ``neutral`` at L3, and the text says which torch was tested and
+  which was expected.
 
 Two modes, from the relay's GitHub credentials: a GitHub App writes check runs (name
 ``crcr/<backend>``, ``external_id`` = the run's id, details link = the dashboard's run page, summary
@@ -92,6 +95,9 @@ class Decision:
 
 def _upstream_conclusion(run: RunView, level: TrustLevel) -> str:
     conclusion = run.conclusion or ("timed_out" if run.state == "timed_out" else "cancelled")
+    if run.provenance_problem and conclusion not in ("cancelled", "timed_out"):
+        # A result of another torch than the dispatched commit says nothing about this PR: never a pass.
+        return "neutral" if level is TrustLevel.L3 else "failure"
     if level is TrustLevel.L3 and conclusion in _NON_BLOCKING:
         return "neutral"
     return conclusion
@@ -130,6 +136,8 @@ def summary_markdown(run: RunView, failures: list[TestResultView], details_url: 
     lines = [f"**{_counts_line(run)}** on `{run.backend}`"]
     if run.torch_version:
         lines[0] += f" (torch {run.torch_version})"
+    if run.provenance_problem:
+        lines.append(f"\n**Not a result for this commit**: {run.provenance_problem}")
     if run.reason:
         lines.append(f"\nReason: {run.reason.replace('_', ' ')}")
     suites = (run.summary or {}).get("suites") or {}
@@ -161,6 +169,8 @@ def status_description(run: RunView, decision: Decision, failures: list[TestResu
         text = _counts_line(run)
         if failures:
             text += f"; first: {failures[0].test_id}"
+        if run.provenance_problem:
+            text = run.provenance_problem.split(" (")[0] + f"; {text}"
         if decision.conclusion == "neutral":
             text = f"neutral (non-blocking): {text}"
     return text if len(text) <= DESCRIPTION_MAX_CHARS else text[: DESCRIPTION_MAX_CHARS - 1] + "…"
