@@ -24,7 +24,7 @@ from relay import callbacks, dashboard, intake, observability, wiring
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.settings import Settings
-from relay.store import BackendRecord, Store
+from relay.store import Store
 from relay.trust import load_allowlist
 
 __all__ = ["create_app"]
@@ -43,9 +43,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         store.migrate()
-        store.sync_backends(
-            [BackendRecord(t.name, t.repository, t.level.value, t.label) for t in allowlist]
-        )
+        store.sync_backends(allowlist)
         if app.state.dispatcher is not None:
             app.state.dispatcher.start()
         app.state.results.start()

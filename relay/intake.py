@@ -7,7 +7,9 @@ its rows is done), then wakes the dispatcher. Nothing is sent to GitHub here.
 
 The :func:`verified_webhook` dependency runs before the handler, so no handler can forget it: body
 size cap (413), then the signature in constant time against every configured secret (401), then the
-other headers (400), content type (415) and JSON (400). Answers:
+other headers (400), content type (415) and JSON (400: not JSON, nested deeper than 64 levels, or a
+string that is not valid Unicode). :func:`relay.events.normalise` then checks every field the relay
+keeps (types, integer ranges, lengths, 40-hex shas). Answers:
 
     200 {"status": "pong"}                         ping
     202 {"status": "queued", "dispatches": [...]}  stored; one outbox row per target backend
@@ -15,7 +17,8 @@ other headers (400), content type (415) and JSON (400). Answers:
     202 {"status": "stored", ...}                  kept for the results side (issue_comment, check_run, check_suite)
     200 {"status": "duplicate"}                    this X-GitHub-Delivery was already stored: nothing new
     200 {"status": "ignored", "reason": ...}       another repository, or an event/action the relay does not handle
-    400 {"error": "invalid_payload"}              a field the event needs is missing, or its trimmed body is over GitHub's limits
+    400 {"error": "invalid_payload"}              a field the relay keeps is missing or invalid (the detail names it),
+                                                   or the trimmed body is over GitHub's limits
     422 {"error": "store_refused"}                 the database refused this webhook's rows (named); its batch neighbours are stored
     503 {"error": "store_unavailable"}             not stored within RELAY_STORE_DEADLINE_SECONDS: GitHub shows the failure; redeliver later
 """
@@ -26,7 +29,6 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -38,6 +40,7 @@ from fastapi.responses import JSONResponse
 from relay import events as events_mod
 from relay import trust
 from relay.events import PayloadError, UpstreamEvent
+from relay.json_input import JsonRefused, load_json
 from relay.request_body import BodyRefused, read_capped
 from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreRefused, StoreUnavailable
 
@@ -115,9 +118,10 @@ async def verified_webhook(request: Request) -> Webhook:
             f"content type {content_type or 'none'!r}; set the webhook's content type to application/json",
         )
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WebhookRejected(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+        payload = load_json(body)
+    except JsonRefused as exc:
+        code = "invalid_payload" if exc.code == "invalid_unicode" else exc.code
+        raise WebhookRejected(400, code, f"delivery {delivery}: {exc.detail}") from None
     if not isinstance(payload, dict):
         raise WebhookRejected(400, "invalid_json", "body must be a JSON object")
     return Webhook(event=event, delivery=delivery, payload=payload, body=body)
@@ -140,7 +144,7 @@ def _invalid(request: Request, hook: Webhook, exc: PayloadError) -> JSONResponse
     return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
 
 
-def _new_dispatches(event: UpstreamEvent, targets: list[trust.Target]) -> list[NewDispatch]:
+def _new_dispatches(event: UpstreamEvent, targets: list[trust.BackendTarget]) -> list[NewDispatch]:
     """One outbox row per target, each with its own nonce; raises PayloadError over GitHub's limits."""
     nonces = [secrets.token_urlsafe(24) for _ in targets]
     event_type = events_mod.event_type(event)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Boolean, DateTime, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
+
+if TYPE_CHECKING:
+    from relay.trust import BackendTarget
 
 __all__ = ["BackendRecord", "BackendRow"]
 
@@ -39,8 +43,8 @@ class BackendRecord:
     active: bool = True
 
 
-def sync(session: Session, records: list[BackendRecord], now: dt.datetime) -> None:
-    current = {r.name: r for r in records}
+def sync(session: Session, targets: list[BackendTarget], now: dt.datetime) -> None:
+    current = {t.name: BackendRecord(t.name, t.repository, t.level.value, t.label) for t in targets}
     for row in session.scalars(select(BackendRow).with_for_update()):
         record = current.pop(row.name, None)
         if record is None:

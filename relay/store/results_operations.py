@@ -17,7 +17,9 @@ from sqlalchemy import select
 
 from relay import provenance
 from relay.run_states import RunState, check_transition
-from relay.store import callback_nonces, dispatches, per_test_results, reported_states, rerun_requests, runs
+from relay.store import (
+    callback_nonces, dispatches, per_test_results, quarantine, reported_states, rerun_requests, runs,
+)
 from relay.store.base import utcnow
 from relay.store.errors import guarded
 from relay.store.deliveries import DeliveryView
@@ -100,17 +102,20 @@ class ResultsOperations:
 
     @guarded
     def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
+        """Time out open runs past their limits, row by row: a run that cannot be changed is quarantined
+        (``time_outs`` / ``run <id>``) and the others still time out."""
         now = utcnow()
         with self._transaction() as session:
-            out = []
-            for row, reason in runs.timed_out_candidates(
-                session, unstarted_before=unstarted_before, running_before=running_before,
-            ):
+            def time_out(candidate: tuple[runs.RunRow, str]) -> tuple[runs.RunView, str]:
+                row, reason = candidate
                 check_transition(RunState(row.state), RunState.timed_out, run=runs.view(row).describe())
                 row.state, row.conclusion, row.reason = RunState.timed_out.value, "timed_out", reason
                 row.finished_at = row.updated_at = now
-                out.append((runs.view(row), reason))
-            return out
+                session.flush()
+                return runs.view(row), reason
+
+            candidates = runs.timed_out_candidates(session, unstarted_before=unstarted_before, running_before=running_before)
+            return quarantine.each_row(session, runs.TIME_OUTS, ((f"run {c[0].id}", c) for c in candidates), time_out, now)
 
     @guarded
     def expire_nonces(self, sent_before: dt.datetime) -> int:
@@ -189,11 +194,36 @@ class ResultsOperations:
         with self._transaction() as session:
             reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error, now=utcnow())
 
+    # --- quarantine -----------------------------------------------------------------------------
+    @guarded
+    def quarantine_row(self, worker: str, subject: str, error: str) -> None:
+        """Set a row aside for ``worker`` (a pass that failed on it outside the store's own passes)."""
+        with self._transaction() as session:
+            quarantine.add(session, worker, subject, error, utcnow())
+
+    @guarded
+    def quarantined(self, limit: int = 100) -> list[quarantine.QuarantineView]:
+        with self._transaction() as session:
+            return quarantine.list_views(session, limit)
+
+    @guarded
+    def quarantine_counts(self) -> dict[str, int]:
+        with self._transaction() as session:
+            return quarantine.counts(session)
+
+    @guarded
+    def release_quarantined(self, worker: str, subject: str) -> bool:
+        """Let the passes try the row again (after it was fixed); False if it was not quarantined."""
+        with self._transaction() as session:
+            return quarantine.release(session, worker, subject)
+
     # --- re-runs --------------------------------------------------------------------------------
     @guarded
     def unhandled_rerun_requests(self, limit: int = 50) -> list[DeliveryView]:
+        """Stored re-run requests not handled yet, oldest first; quarantined ones are left out."""
         with self._transaction() as session:
-            return rerun_requests.unhandled(session, limit)
+            skip = [s.removeprefix("delivery ") for s in quarantine.keys(session, rerun_requests.RERUNS)]
+            return rerun_requests.unhandled(session, limit, skip)
 
     @guarded
     def record_rerun(

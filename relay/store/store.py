@@ -17,7 +17,7 @@ import datetime as dt
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,6 +28,9 @@ from relay.store.database import create_store_engine, normalise_url, run_migrati
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
 from relay.store.group_commit import GroupCommitter, WriterClosed
 from relay.store.results_operations import ResultsOperations
+
+if TYPE_CHECKING:
+    from relay.trust import BackendTarget
 
 __all__ = ["Store", "StoreRefused", "StoreUnavailable"]
 
@@ -248,9 +251,10 @@ class Store(ResultsOperations):
 
     # --- backends -------------------------------------------------------------------------------
     @guarded
-    def sync_backends(self, records: Sequence[backends.BackendRecord]) -> None:
+    def sync_backends(self, targets: Sequence[BackendTarget]) -> None:
+        """Record the allowlist as loaded; backends no longer in it are kept, inactive."""
         with self._transaction() as session:
-            backends.sync(session, list(records), utcnow())
+            backends.sync(session, list(targets), utcnow())
 
     @guarded
     def backends(self) -> list[backends.BackendRecord]:

@@ -86,7 +86,7 @@ def test_check_run_of_another_torch_says_which(database_url, results_relay, app_
     settle(relay)
     (check_run,) = [c for c in relay.fake.check_runs.values() if c["name"] == "crcr/l4"]
     assert (check_run["status"], check_run["conclusion"]) == ("completed", "failure")
-    assert "**Not a result for this commit**: unknown torch: the report's torch.git_version is 'Unknown'" \
+    assert "**Not a result for this commit**: ` unknown torch: the report's torch.git_version is 'Unknown'" \
         in check_run["output"]["summary"]
 
 

@@ -10,6 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from relay.store import BackendRecord, NewDispatch, PullRequestSnapshot, Store
+from relay.trust import BackendTarget, TrustLevel
 from relay.store.models import Base
 from tests.relay.helpers import new_delivery, new_dispatches
 
@@ -89,8 +90,9 @@ def test_outbox_depth_counts_states(store):
 
 
 def test_backends_sync_marks_removed_ones_inactive(store):
-    store.sync_backends([BackendRecord("a", "org/a", "L1", "ciflow/crcr/a"), BackendRecord("b", "org/b", "L3", "x")])
-    store.sync_backends([BackendRecord("b", "org/b2", "L4", "x")])
+    store.sync_backends([BackendTarget("a", "org/a", TrustLevel.L1, "ciflow/crcr/a"),
+                         BackendTarget("b", "org/b", TrustLevel.L3, "x")])
+    store.sync_backends([BackendTarget("b", "org/b2", TrustLevel.L4, "x")])
     assert store.backends() == [BackendRecord("a", "org/a", "L1", "ciflow/crcr/a", active=False),
                                 BackendRecord("b", "org/b2", "L4", "x", active=True)]
 
