@@ -392,38 +392,37 @@ def batch_isend_irecv_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
 # -- groups and failures ----------------------------------------------------------------------------
 
 @packed
-def subgroups_on_rank(ctx, salt: str, impl: str = "torch"):
-    """new_group, new_subgroups and split_group: a SUM all_reduce and an all_gather on each subgroup
-    only. ``{kind: (members, all_reduce result, all_gather result)}``, or the error it raised."""
+def subgroups_on_rank(ctx, salt: str, kind: str, impl: str = "torch"):
+    """Make subgroups with ``kind`` (new_group of every rank but the first, new_subgroups of half the
+    world, split_group into even and odd ranks), then a SUM all_reduce and an all_gather on this
+    rank's subgroup only. ``(members, all_reduce result, all_gather result)``, None for a rank in no
+    subgroup, or the error it raised."""
     import torch
 
     dist = resolve_dist(impl)
     world, rank = ctx.world_size, ctx.rank
-    out: dict[str, Any] = {}
-
-    def exercise(kind: str, group, members: list[int]):
-        reduced = reduce_input(f"{salt}/{kind}", rank, 5, "int64", "SUM").to(ctx.device)
-        dist.all_reduce(reduced, group=group)
-        mine = payload(f"{salt}/{kind}", rank, 4, "int64").to(ctx.device)
-        gathered = [torch.empty_like(mine) for _ in members]
-        dist.all_gather(gathered, mine, group=group)
-        out[kind] = (members, reduced, torch.cat(gathered))
-
-    # new_group of every rank but the first (every rank must call it; only members use it)
-    members = list(range(1, world)) or [0]
-    group = dist.new_group(members)
-    if rank in members:
-        exercise("new_group", group, members)
-    size = world // 2 if world % 2 == 0 else world
-    group, _ = dist.new_subgroups(group_size=size)
-    exercise("new_subgroups", group, [r for r in range(world) if r // size == rank // size])
-    evens, odds = [r for r in range(world) if r % 2 == 0], [r for r in range(world) if r % 2]
     try:
-        group = dist.split_group(split_ranks=[g for g in (evens, odds) if g])
-        exercise("split_group", group, evens if rank % 2 == 0 else odds)
+        if kind == "new_group":
+            members = list(range(1, world)) or [0]
+            group = dist.new_group(members)  # every rank must call it; only members use it
+        elif kind == "new_subgroups":
+            size = world // 2 if world % 2 == 0 else world
+            group, _ = dist.new_subgroups(group_size=size)
+            members = [r for r in range(world) if r // size == rank // size]
+        else:
+            members = [r for r in range(world) if r % 2 == rank % 2]
+            group = dist.split_group(split_ranks=[[r for r in range(world) if r % 2 == p] for p in (0, 1)
+                                                  if p < world])
     except RuntimeError as exc:
-        out["split_group"] = _error(exc)
-    return out
+        return _error(exc)
+    if rank not in members:
+        return None
+    reduced = reduce_input(f"{salt}/{kind}", rank, 5, "int64", "SUM").to(ctx.device)
+    dist.all_reduce(reduced, group=group)
+    mine = payload(f"{salt}/{kind}", rank, 4, "int64").to(ctx.device)
+    gathered = [torch.empty_like(mine) for _ in members]
+    dist.all_gather(gathered, mine, group=group)
+    return members, reduced, torch.cat(gathered)
 
 
 def _timed_group(dist, seconds: float):

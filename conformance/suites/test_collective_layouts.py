@@ -61,8 +61,12 @@ def test_zero_size(ranks, dtype):
             "expected every one (0,)")
 
 
-def test_large_message(ranks):
-    records = ranks.run(bodies.large_on_rank, "large")
+def check_large_message(ranks, impl="torch"):
+    records = ranks.run(bodies.large_on_rank, "large", impl=impl)
     problems = [f"rank {rank}: {name}: {problem}" for rank, record in enumerate(records)
                 for name, problem in record.items() if name != "numel" and problem]
     raise_problems(problems, f"collectives on {records[0]['numel']} float32 elements over {ranks.backend}")
+
+
+def test_large_message(ranks):
+    check_large_message(ranks)

@@ -24,10 +24,9 @@ def check_subgroup(ranks, kind, impl="torch"):
     import torch
 
     salt, world = "groups", ranks.world_size
-    results = data.run_packed(ranks, bodies.subgroups_on_rank, salt, impl=impl)
+    results = data.run_packed(ranks, bodies.subgroups_on_rank, salt, kind, impl=impl)
     problems = []
-    for rank, record in enumerate(results):
-        outcome = record.get(kind)
+    for rank, outcome in enumerate(results):
         if outcome is None:
             continue  # not a member
         if isinstance(outcome, str):
