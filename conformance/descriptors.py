@@ -11,6 +11,7 @@ and ``conformance.capabilities``.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import os
 import re
@@ -123,6 +124,9 @@ class RelayTarget(_Strict):
     repository: str = Field(description="downstream repository, owner/name")
     level: TrustLevel = TrustLevel.L1
     label: str | None = Field(default=None, description="L3 label; default ciflow/crcr/<name>")
+    level_since: datetime.date | None = Field(
+        default=None, description="date the backend reached its level (the level review's time at level)"
+    )
     callback_token_sha256: str | None = Field(
         default=None, description="sha256 hex of a static callback token, for CI without OIDC"
     )
