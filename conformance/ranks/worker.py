@@ -96,6 +96,9 @@ class Rank:
                                backend=cfg["backend"], descriptor=cfg["descriptor"],
                                shared_dir=cfg["shared_dir"])
         self.init_group(cfg["generation"])
+        if cfg.get("default_device"):
+            # After the process group is up (its set-up may allocate); see pool.DEFAULT_DEVICE_ENV.
+            torch.set_default_device(cfg["default_device"])
 
     def init_group(self, generation: int) -> None:
         import torch.distributed as dist

@@ -51,11 +51,12 @@ def _dtype(name: str):
     return getattr(torch, name)
 
 
-def rank_input(rank: int, numel: int, dtype_name: str, *, small: bool = False):
-    """Deterministic, rank-dependent input; ``small`` keeps products of world-size factors in range."""
+def rank_input(rank: int, numel: int, dtype_name: str, *, small: bool = False, device=None):
+    """Deterministic, rank-dependent input on ``device``; ``small`` keeps products of world-size factors
+    in range. Rank functions pass ``ctx.device``; the controller's references use its default (cpu)."""
     import torch
 
-    idx = torch.arange(numel)
+    idx = torch.arange(numel, device=device)
     if dtype_name == "bool":
         return (idx + rank) % 3 == 0
     values = (idx + rank) % 2 + 1 if small else (idx + 3 * rank) % 5 + 1
@@ -98,7 +99,7 @@ def expected_reduction(op: str, inputs: list):
 def all_reduce_on_rank(ctx, op: str, dtype_name: str, numel: int):
     import torch.distributed as dist
 
-    tensor = rank_input(ctx.rank, numel, dtype_name, small=op == "PRODUCT").to(ctx.device)
+    tensor = rank_input(ctx.rank, numel, dtype_name, small=op == "PRODUCT", device=ctx.device)
     dist.all_reduce(tensor, op=_reduce_op(op))
     return tensor
 
@@ -106,7 +107,7 @@ def all_reduce_on_rank(ctx, op: str, dtype_name: str, numel: int):
 def all_reduce_error_on_rank(ctx, op: str, dtype_name: str):
     import torch.distributed as dist
 
-    tensor = rank_input(ctx.rank, 8, dtype_name).to(ctx.device)
+    tensor = rank_input(ctx.rank, 8, dtype_name, device=ctx.device)
     try:
         dist.all_reduce(tensor, op=_reduce_op(op))
     except (RuntimeError, ValueError, TypeError) as exc:
@@ -118,7 +119,7 @@ def all_gather_on_rank(ctx, dtype_name: str, numel: int):
     import torch
     import torch.distributed as dist
 
-    local = rank_input(ctx.rank, numel, dtype_name).to(ctx.device)
+    local = rank_input(ctx.rank, numel, dtype_name, device=ctx.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     out = torch.empty(numel * ctx.world_size, dtype=local.dtype, device=ctx.device)
     gather(out, local)
@@ -131,18 +132,18 @@ def reduce_scatter_on_rank(ctx, dtype_name: str, chunk: int):
     import torch
     import torch.distributed as dist
 
-    full = rank_input(ctx.rank, chunk * ctx.world_size, dtype_name).to(ctx.device)
+    full = rank_input(ctx.rank, chunk * ctx.world_size, dtype_name, device=ctx.device)
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     out = torch.empty(chunk, dtype=full.dtype, device=ctx.device)
     scatter(out, full, op=dist.ReduceOp.SUM)
     return out
 
 
-def a2a_payload(src: int, dst: int, count: int, dtype_name: str):
+def a2a_payload(src: int, dst: int, count: int, dtype_name: str, device=None):
     """What rank ``src`` sends to rank ``dst`` in the uneven all_to_all: ``src + dst + 1`` elements."""
     import torch
 
-    idx = torch.arange(count)
+    idx = torch.arange(count, device=device)
     if dtype_name == "bool":
         return (idx + src + dst) % 2 == 0
     return ((src * 7 + dst * 3 + idx) % 11).to(_dtype(dtype_name))
@@ -155,7 +156,7 @@ def all_to_all_on_rank(ctx, dtype_name: str):
     world, rank = ctx.world_size, ctx.rank
     send_sizes = [rank + dst + 1 for dst in range(world)]
     recv_sizes = [src + rank + 1 for src in range(world)]
-    send = torch.cat([a2a_payload(rank, dst, n, dtype_name) for dst, n in enumerate(send_sizes)]).to(ctx.device)
+    send = torch.cat([a2a_payload(rank, dst, n, dtype_name, ctx.device) for dst, n in enumerate(send_sizes)])
     recv = torch.empty(sum(recv_sizes), dtype=send.dtype, device=ctx.device)
     dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes)
     return recv
@@ -164,7 +165,7 @@ def all_to_all_on_rank(ctx, dtype_name: str):
 def broadcast_on_rank(ctx, dtype_name: str, src: int, numel: int):
     import torch.distributed as dist
 
-    tensor = rank_input(ctx.rank, numel, dtype_name).to(ctx.device)
+    tensor = rank_input(ctx.rank, numel, dtype_name, device=ctx.device)
     dist.broadcast(tensor, src=src)
     return tensor
 
