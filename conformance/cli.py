@@ -1,4 +1,5 @@
-"""The ``conformance`` command: ``run`` the packaged suites, show ``backends``, ``list`` the tests.
+"""The ``conformance`` command: ``run`` the packaged suites, show ``backends``, ``list`` the tests,
+``callback`` the relay from CI (:mod:`conformance.callback`).
 
 Runs pytest in-process on the installed ``conformance/suites`` (so it works from any directory),
 then reads the JSON report it wrote to print a per-suite table.
@@ -188,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(lst)
     lst.add_argument("--suite", action="append", help="suite to list, repeatable (default: all)")
     lst.set_defaults(func=cmd_list)
+
+    from conformance.callback import register as register_callback  # torch-free, stdlib HTTP
+
+    register_callback(sub)
     return parser
 
 

@@ -54,7 +54,7 @@ CAPABILITIES: tuple[str, ...] = tuple(c.value for c in Capability)
 
 
 class TrustLevel(str, enum.Enum):
-    """The relay's four trust levels (see the README's trust table)."""
+    """The relay's four trust levels; what each one does is the levels table in ``relay/trust.py``."""
 
     L1 = "L1"
     L2 = "L2"

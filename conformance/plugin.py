@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conformance.descriptors import CAPABILITIES, DescriptorError
-from conformance.report import TestResult
+from conformance.report import TestResult, write_report
 
 SESSION_KEY = pytest.StashKey["ConformanceSession | None"]()
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -289,5 +289,4 @@ class ConformanceRun:
         if not path or _is_xdist_worker(config):
             return
         report = _session(config).build_report(self.results(), extra_events=self.worker_events)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(report.model_dump_json(indent=2) + "\n")
+        write_report(report, path)  # atomic: a cancelled run leaves no half-written report

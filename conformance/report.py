@@ -8,6 +8,8 @@ Schema published at ``schemas/report.schema.json``; a test keeps the two identic
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +33,7 @@ __all__ = [
     "schema_path",
     "summarize",
     "validate_report",
+    "write_report",
 ]
 
 SCHEMA_VERSION = "1.0"
@@ -160,3 +163,22 @@ def validate_report(data: dict) -> ConformanceReport:
 
 def load_report(path: str | Path) -> ConformanceReport:
     return validate_report(json.loads(Path(path).read_text()))
+
+
+def write_report(report: ConformanceReport, path: str | Path) -> None:
+    """Write the report atomically: a temporary file in the same directory, then a rename over ``path``.
+
+    A reader (the callback client, a CI step) sees the previous file or the whole new one, never a
+    report cut short by a killed or cancelled run."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(report.model_dump_json(indent=2) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,12 +1,18 @@
-"""CI relay: upstream GitHub webhooks in, downstream ``repository_dispatch`` out (results back in part 2).
+"""CI relay: upstream GitHub webhooks in, downstream ``repository_dispatch`` out, results back as checks.
 
 Follow a webhook through the modules: ``app`` (every router) -> ``intake`` (verify, normalise with
-``events``, route with ``tiers``, store) -> ``store/`` (delivery + outbox rows, one transaction) ->
-``dispatch`` (claim, send through ``github``, record the outcome). ``settings`` is the configuration,
-``observability`` the logs, ``/healthz`` and ``/metrics``, ``cli`` the ``relay`` command, and
-``testing.fake_github`` a fake GitHub server for tests (also for backend owners).
+``events``, route with ``trust``, store) -> ``store/`` (delivery + outbox rows, one transaction) ->
+``dispatch`` (claim, send through ``github``, record the outcome and the run it starts).
+Follow a result back: ``callbacks`` (who calls: ``oidc``; which transition: ``run_states``) ->
+``store/`` (the run and its per-test results) -> ``reporting`` (check run or commit status, by
+``trust`` level, through ``github``); ``sweeper`` times out runs whose callbacks never came,
+``rerun`` dispatches again on request, ``level_review`` recommends promotions and demotions, and
+``dashboard/`` shows it all. ``wiring`` assembles the results side's parts; ``settings`` is the
+configuration, ``observability`` the logs, ``/healthz`` and ``/metrics``, ``cli`` the ``relay``
+command, and ``testing/`` a fake GitHub and OIDC issuer for tests (also for backend owners).
 
-The package never imports torch, nor any ``conformance`` module but ``conformance.descriptors``.
+The package never imports torch; of ``conformance`` it reads only ``conformance.descriptors`` (the
+allowlist) and ``conformance.report`` (the report schema callbacks validate against).
 The re-exports below are imported on first use, so ``relay --help`` does not load FastAPI and SQLAlchemy.
 """
 

@@ -7,7 +7,7 @@ at shutdown stops the dispatcher (in-flight calls finish) and closes the store.
 Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
 ``GET /metrics`` (:mod:`relay.observability`), ``POST /github/callback`` (:mod:`relay.callbacks`), the
 dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets).
-The results side's workers (reporting, sweeper, re-run watcher: :mod:`relay.results`) start and stop
+The results side's workers (reporting, sweeper, re-run watcher: :mod:`relay.wiring`) start and stop
 with the dispatcher.
 """
 
@@ -20,12 +20,12 @@ from fastapi import FastAPI
 
 from conformance.descriptors import packaged_backends_dir
 
-from relay import callbacks, dashboard, intake, observability, results
+from relay import callbacks, dashboard, intake, observability, wiring
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.settings import Settings
-from relay.store import BackendRecord, Store
-from relay.tiers import load_allowlist
+from relay.store import Store
+from relay.trust import load_allowlist
 
 __all__ = ["create_app"]
 
@@ -36,16 +36,14 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     """create_app(settings) -> FastAPI app; ``github`` replaces the GitHub client (tests, embedding)."""
     backends_dir = settings.backends_dir or packaged_backends_dir()
     allowlist = load_allowlist(backends_dir)
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, deadline_seconds=settings.store_deadline_seconds)
     metrics = observability.Metrics(store)
     github = github or GitHubClient.from_settings(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         store.migrate()
-        store.sync_backends(
-            [BackendRecord(t.name, t.repository, t.level.value, t.label) for t in allowlist]
-        )
+        store.sync_backends(allowlist)
         if app.state.dispatcher is not None:
             app.state.dispatcher.start()
         app.state.results.start()
@@ -69,7 +67,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     app.state.dispatcher = (
         Dispatcher.from_settings(settings, store, github, metrics) if settings.dispatcher_enabled else None
     )
-    app.state.results = results.build(
+    app.state.results = wiring.build(
         settings, backends_dir=backends_dir, allowlist=allowlist, store=store, github=github, metrics=metrics,
         dispatcher=app.state.dispatcher,
     )

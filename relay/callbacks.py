@@ -1,6 +1,6 @@
 """Result callbacks: ``POST /github/callback``, where a downstream run reports its state and its report.
 
-Triggered by a backend repository's workflow (``workflows/conformance.yml``): once with
+Triggered by a backend repository's workflow (``.github/workflows/conformance.yml``): once with
 ``state: in_progress`` when the run starts, once with ``state: completed``, a ``conclusion`` and the
 conformance JSON report when it ends. Reads the caller's credentials (:mod:`relay.oidc`), the
 dispatch the nonce names, and the run record; writes the run's state, times and per-test results
@@ -10,17 +10,22 @@ Checks, in order, each with its own answer (JSON ``{"error": code, "detail": sen
 
 ====  =========================================================================================
 415   the body is not ``application/json``
-413   the body exceeds ``RELAY_CALLBACK_MAX_BYTES``
+413   the body exceeds ``RELAY_CALLBACK_MAX_BYTES``, or the report carries more than
+      ``RELAY_CALLBACK_MAX_TESTS`` tests, a test message over ``RELAY_CALLBACK_MAX_MESSAGE_CHARS``
+      or a test id over 1000 characters (the detail gives the numbers)
 401   no valid OIDC token or static token (:mod:`relay.oidc`)
 403   the caller is not an allowlisted backend at L2+, or the nonce belongs to another backend's
       dispatch, or the OIDC token names another run than the body
 429   the caller's repository exceeded ``RELAY_CALLBACK_RATE_PER_MINUTE`` (``Retry-After`` says when)
-400   malformed JSON, a body that does not follow the callback schema, or a report that does not
-      follow the published report schema (the message names the path of the first problem)
+400   malformed JSON (also: nested deeper than 64 levels), a string that is not valid Unicode
+      (``invalid_unicode``, naming its field), a body that does not follow the callback schema, or a
+      report that does not follow the published report schema (the message names the first problem)
 404   unknown nonce
 410   expired nonce (older than ``RELAY_NONCE_TTL_HOURS``)
 409   the run state machine refuses: a replay, ``completed`` before ``in_progress``, a second
-      ``completed``, or a callback for a run already timed out or cancelled
+      ``completed``, or a callback for a run already timed out or cancelled; or the nonce is already
+      bound to another downstream run (``nonce_bound_to_other_run``: a nonce binds one run, and only
+      later attempts of that run are new runs; an earlier attempt is ``attempt_not_later``)
 200   accepted: the run's new state, queue and execution time
 ====  =========================================================================================
 """
@@ -28,7 +33,6 @@ Checks, in order, each with its own answer (JSON ``{"error": code, "detail": sen
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import threading
@@ -42,14 +46,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from conformance.report import ReportValidationError, validate_report
 
+from relay.json_input import JsonRefused, load_json
 from relay.oidc import AuthError, Caller, CallerAuth
 from relay.request_body import BodyRefused, read_capped
-from relay.runs import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
+from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store import StoreUnavailable
-from relay.store.results import CallbackUpdate
-from relay.store.test_results import NewTestResult
+from relay.store.results_operations import CallbackUpdate
+from relay.store.per_test_results import NewTestResult
 
-__all__ = ["CallbackBody", "CallbackRejected", "CallbackService", "RateLimiter", "rejection_handler", "router"]
+__all__ = [
+    "CallbackBody", "CallbackRejected", "CallbackService", "RateLimiter", "ReportLimits", "rejection_handler", "router",
+]
 
 log = logging.getLogger("relay.callbacks")
 
@@ -78,13 +85,18 @@ class CallbackBody(BaseModel):
     run_url: str | None = Field(None, max_length=2000, pattern=r"^https?://", description="the run's page")
     conclusion: Literal[CONCLUSIONS] | None = Field(None, description="required with state completed")
     report: dict[str, Any] | None = Field(None, description="the conformance JSON report (completed only)")
+    message: str | None = Field(
+        None, max_length=1000, description="completed only: why there is no report (missing, truncated, off-schema)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "CallbackBody":
         if self.state == "completed" and self.conclusion is None:
             raise ValueError("state 'completed' needs a 'conclusion' (success, failure, cancelled, timed_out, ...)")
-        if self.state == "in_progress" and (self.conclusion is not None or self.report is not None):
-            raise ValueError("state 'in_progress' carries no 'conclusion' and no 'report'; send them with 'completed'")
+        if self.state == "in_progress" and (self.conclusion, self.report, self.message) != (None, None, None):
+            raise ValueError(
+                "state 'in_progress' carries no 'conclusion', 'report' or 'message'; send them with 'completed'",
+            )
         return self
 
 
@@ -124,6 +136,39 @@ class RateLimiter:
             return (1.0 - tokens) / self._rate
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportLimits:
+    """How big a report may be; checked on the raw JSON before the (costly) schema validation."""
+
+    max_tests: int = 20_000
+    max_message_chars: int = 16_384
+    max_nodeid_chars: int = 1000
+
+    def check(self, report: Any) -> None:
+        """Raise a 413 CallbackRejected giving the numbers when ``report`` is over a limit."""
+        tests = report.get("tests") if isinstance(report, dict) else None
+        if not isinstance(tests, list):
+            return  # the schema validation names what is wrong
+        if len(tests) > self.max_tests:
+            raise CallbackRejected(
+                413, "report_too_large",
+                f"the report carries {len(tests)} tests; at most {self.max_tests} are accepted per report "
+                "(RELAY_CALLBACK_MAX_TESTS); split the run or raise the limit",
+            )
+        for index, test in enumerate(tests):
+            if not isinstance(test, dict):
+                continue
+            for field, limit, setting in (("message", self.max_message_chars, "RELAY_CALLBACK_MAX_MESSAGE_CHARS"),
+                                          ("nodeid", self.max_nodeid_chars, None), ("suite", self.max_nodeid_chars, None)):
+                value = test.get(field)
+                if isinstance(value, str) and len(value) > limit:
+                    where = f" ({setting})" if setting else ""
+                    raise CallbackRejected(
+                        413, "report_too_large",
+                        f"report tests/{index}/{field} is {len(value)} characters; at most {limit} are accepted{where}",
+                    )
+
+
 @dataclasses.dataclass
 class CallbackService:
     """Everything the callback endpoint needs (kept on ``app.state.callbacks``)."""
@@ -132,13 +177,14 @@ class CallbackService:
     auth: CallerAuth
     limiter: RateLimiter
     max_body_bytes: int
+    report_limits: ReportLimits = dataclasses.field(default_factory=ReportLimits)
     on_run_changed: Any = None  # callable(run_pk): reporting, called after the transaction commits
 
     def process(self, caller: Caller, body: bytes) -> CallbackAccepted:
         try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CallbackRejected(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+            data = load_json(body)
+        except JsonRefused as exc:
+            raise CallbackRejected(400, "malformed_json" if exc.code == "invalid_json" else exc.code, exc.detail) from None
         try:
             callback = CallbackBody.model_validate(data)
         except ValidationError as exc:
@@ -167,6 +213,7 @@ class CallbackService:
             raise CallbackRejected(
                 410, "nonce_expired", f"the nonce of dispatch {target.dispatch_id} (delivery {target.delivery_id}) has expired",
             )
+        self.report_limits.check(callback.report)
         update = self._update(caller, callback, target.dispatch_id)
         try:
             applied = self.store.apply_callback(update)
@@ -215,7 +262,7 @@ class CallbackService:
             torch_version = report.torch.version
         return CallbackUpdate(
             target=state_for_conclusion(callback.conclusion), conclusion=callback.conclusion, summary=summary,
-            torch_version=torch_version, tests=tests or (), **common,
+            torch_version=torch_version, tests=tests or (), reason=callback.message, **common,
         )
 
 

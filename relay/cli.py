@@ -1,9 +1,9 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]``, and room for more subcommands.
+"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review [--days] [--json]``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
 stops start-up with a message naming it (exit 2). Each subcommand is a function registered with
-``@subcommand``, which adds its parser and its handler in one place: a new one (e.g. part 2's
-``relay sweep``) is a decorated function in this module or any module imported here.
+``@subcommand``, which adds its parser and its handler in one place: a new one is a decorated
+function in this module or any module imported here.
 """
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _levels_arguments(parser: argparse.ArgumentParser) -> None:
-    from relay.levels import _review_arguments
+    from relay.level_review import _review_arguments
 
     _review_arguments(parser)
 
 
 @subcommand("levels", "level review: weekly success rate and time to result, promotion/demotion advice", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
-    from relay.levels import levels_command
+    from relay.level_review import levels_command
 
     return levels_command(args)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ _MAX_LABELS = 100
 
 
 class PayloadError(ValueError):
-    """The payload lacks a field its event must have; the message names the field."""
+    """A field the relay keeps is missing, of the wrong type, out of range or too long; the message names it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,15 +96,63 @@ class UpstreamEvent:
         return {k: v for k, v in data.items() if v is not None}
 
 
-def _get(payload: dict[str, Any], path: str, kind: type | tuple[type, ...] = str, optional: bool = False) -> Any:
+_SHA = re.compile(r"[0-9a-f]{40}")
+_PR_STATES = frozenset({"open", "closed"})
+# Limits of what GitHub sends (and of the columns that keep it): anything beyond is refused, not cut,
+# except display text (titles, labels, logins), which is cut to _MAX_TEXT.
+_INT_MAX = 2**31 - 1  # GitHub's PR and issue numbers, and the store's integer columns
+_MAX_REF = 255
+_MAX_REPOSITORY = 200
+_MAX_ACTION = 64
+_MAX_TIMESTAMP = 32
+_MAX_URL = 255
+_MAX_LABEL_COUNT = 1000
+
+
+def _lookup(payload: dict[str, Any], path: str) -> Any:
     value: Any = payload
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _get(payload: dict[str, Any], path: str, kind: type | tuple[type, ...] = str, optional: bool = False) -> Any:
+    value = _lookup(payload, path)
     if value is None and optional:
         return None
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise PayloadError(f"payload field {path!r} is missing or not a {getattr(kind, '__name__', kind)}")
     return value
+
+
+def _text(payload: dict[str, Any], path: str, max_chars: int, *, optional: bool = False, cut: bool = False) -> str | None:
+    """A string field: at most ``max_chars`` (``cut``: longer display text is shortened instead of refused)."""
+    value = _get(payload, path, str, optional)
+    if value is None:
+        return None
+    if len(value) > max_chars:
+        if cut:
+            return value[:max_chars]
+        raise PayloadError(f"payload field {path!r} is {len(value)} characters long; at most {max_chars} are accepted")
+    return value
+
+
+def _sha(payload: dict[str, Any], path: str, *, optional: bool = False) -> str | None:
+    value = _get(payload, path, str, optional)
+    if value is not None and not _SHA.fullmatch(value):
+        raise PayloadError(f"payload field {path!r} is not a commit sha (40 lower-case hex digits): {value[:50]!r}")
+    return value
+
+
+def _number(payload: dict[str, Any], path: str, *, optional: bool = False) -> int | None:
+    value = _get(payload, path, int, optional)
+    if value is not None and not 1 <= value <= _INT_MAX:
+        raise PayloadError(f"payload field {path!r} is {value}; a number from 1 to {_INT_MAX} is expected")
+    return value
+
+
+def _flag(payload: dict[str, Any], path: str) -> bool:
+    return bool(_get(payload, path, bool, optional=True))
 
 
 def _cut(value: str | None) -> str | None:
@@ -117,49 +166,72 @@ def repository_of(payload: dict[str, Any]) -> str | None:
     return None
 
 
+def _labels(pr: dict[str, Any]) -> tuple[str, ...]:
+    labels = pr.get("labels") or []
+    if not isinstance(labels, list) or len(labels) > _MAX_LABEL_COUNT:
+        raise PayloadError(f"payload field 'pull_request.labels' must be a list of at most {_MAX_LABEL_COUNT} labels")
+    return tuple(
+        _cut(label["name"]) for label in labels if isinstance(label, dict) and isinstance(label.get("name"), str)
+    )
+
+
 def normalise(event: str, delivery: str, payload: dict[str, Any]) -> UpstreamEvent:
-    """normalise(event, delivery, payload) -> UpstreamEvent; raises PayloadError naming a missing field."""
-    repository = _get(payload, "repository.full_name")
-    action = _get(payload, "action", optional=True)
-    sender = _cut(_get(payload, "sender.login", optional=True))
+    """normalise(event, delivery, payload) -> UpstreamEvent; raises PayloadError naming a missing or bad field.
+
+    Every field the relay keeps is checked here (types, integer ranges, lengths, 40-hex shas), so that
+    nothing stored can later fail a database write; :mod:`relay.json_input` has already refused text
+    that is not valid Unicode.
+    """
+    repository = _text(payload, "repository.full_name", _MAX_REPOSITORY)
+    action = _text(payload, "action", _MAX_ACTION, optional=True)
+    sender = _text(payload, "sender.login", _MAX_TEXT, optional=True)
     common = dict(event=event, action=action, delivery=delivery, repository=repository, sender=sender)
     if event == "pull_request":
         pr = _get(payload, "pull_request", dict)
-        labels = tuple(
-            _cut(label["name"]) for label in (pr.get("labels") or [])
-            if isinstance(label, dict) and isinstance(label.get("name"), str)
-        )
+        state = _get(payload, "pull_request.state")
+        if state not in _PR_STATES:
+            raise PayloadError(f"payload field 'pull_request.state' is {state[:50]!r}; expected open or closed")
         info = PullRequestInfo(
-            number=_get(payload, "pull_request.number", int),
-            head_sha=_get(payload, "pull_request.head.sha"),
-            head_ref=_cut(_get(payload, "pull_request.head.ref")),
-            base_sha=_get(payload, "pull_request.base.sha"),
-            base_ref=_cut(_get(payload, "pull_request.base.ref")),
-            state=_get(payload, "pull_request.state"),
-            labels=labels,
-            html_url=_cut(_get(payload, "pull_request.html_url", optional=True)) or "",
-            draft=bool(pr.get("draft", False)),
-            updated_at=_get(payload, "pull_request.updated_at", optional=True) or "",
-            title=_cut(_get(payload, "pull_request.title", optional=True)) or "",
+            number=_number(payload, "pull_request.number"),
+            head_sha=_sha(payload, "pull_request.head.sha"),
+            head_ref=_text(payload, "pull_request.head.ref", _MAX_REF),
+            base_sha=_sha(payload, "pull_request.base.sha"),
+            base_ref=_text(payload, "pull_request.base.ref", _MAX_REF),
+            state=state,
+            labels=_labels(pr),
+            html_url=_text(payload, "pull_request.html_url", _MAX_URL, optional=True) or "",
+            draft=_flag(payload, "pull_request.draft"),
+            updated_at=_text(payload, "pull_request.updated_at", _MAX_TIMESTAMP, optional=True) or "",
+            title=_text(payload, "pull_request.title", _MAX_TEXT, optional=True, cut=True) or "",
         )
-        changed = _cut(_get(payload, "label.name", optional=True)) if action in ("labeled", "unlabeled") else None
-        if action in ("labeled", "unlabeled") and changed is None:
-            raise PayloadError(f"payload field 'label.name' is missing from a pull_request.{action} event")
+        changed = None
+        if action in ("labeled", "unlabeled"):
+            changed = _text(payload, "label.name", _MAX_TEXT, optional=True, cut=True)
+            if changed is None:
+                raise PayloadError(f"payload field 'label.name' is missing from a pull_request.{action} event")
         return UpstreamEvent(
             **common, pull_request=info, changed_label=changed, head_sha=info.head_sha, head_ref=info.head_ref,
             base_sha=info.base_sha, base_ref=info.base_ref,
         )
     if event == "push":
-        ref = _cut(_get(payload, "ref"))
+        ref = _text(payload, "ref", _MAX_REF)
         return UpstreamEvent(
-            **common, head_sha=_get(payload, "after"), head_ref=ref, base_sha=_get(payload, "before"),
-            base_ref=_cut(_get(payload, "base_ref", optional=True)) or ref,
-            deleted=bool(payload.get("deleted", False)),
+            **common, head_sha=_sha(payload, "after"), head_ref=ref, base_sha=_sha(payload, "before"),
+            base_ref=_text(payload, "base_ref", _MAX_REF, optional=True) or ref,
+            deleted=_flag(payload, "deleted"),
         )
     if event == "check_run":
-        return UpstreamEvent(**common, head_sha=_get(payload, "check_run.head_sha", optional=True))
+        _text(payload, "check_run.name", _MAX_TEXT, optional=True)
+        _text(payload, "check_run.external_id", _MAX_TEXT, optional=True)
+        _number(payload, "check_run.app.id", optional=True)
+        return UpstreamEvent(**common, head_sha=_sha(payload, "check_run.head_sha", optional=True))
     if event == "check_suite":
-        return UpstreamEvent(**common, head_sha=_get(payload, "check_suite.head_sha", optional=True))
+        _number(payload, "check_suite.app.id", optional=True)
+        return UpstreamEvent(**common, head_sha=_sha(payload, "check_suite.head_sha", optional=True))
+    if event == "issue_comment":
+        _number(payload, "issue.number", optional=True)
+        _get(payload, "comment.body", optional=True)
+        _text(payload, "comment.author_association", _MAX_ACTION, optional=True)
     return UpstreamEvent(**common)
 
 

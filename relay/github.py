@@ -1,7 +1,7 @@
 """GitHub: the only module that talks to GitHub (through github3.py's session) and sorts its failures.
 
-Triggered by the dispatcher (``repository_dispatch``) and, in part 2, by reporting (commit statuses,
-check runs). Reads settings (API URL, token or GitHub App key); writes to GitHub. Every call returns a
+Triggered by the dispatcher (``repository_dispatch``) and by reporting (commit statuses, check
+runs). Reads settings (API URL, token or GitHub App key); writes to GitHub. Every call returns a
 :class:`CallResult` or raises one of three errors callers can act on without reading HTTP:
 
 * :class:`RetryableError`: 5xx, timeouts, connection failures: try again later with backoff;

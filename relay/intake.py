@@ -7,7 +7,9 @@ its rows is done), then wakes the dispatcher. Nothing is sent to GitHub here.
 
 The :func:`verified_webhook` dependency runs before the handler, so no handler can forget it: body
 size cap (413), then the signature in constant time against every configured secret (401), then the
-other headers (400), content type (415) and JSON (400). Answers:
+other headers (400), content type (415) and JSON (400: not JSON, nested deeper than 64 levels, or a
+string that is not valid Unicode). :func:`relay.events.normalise` then checks every field the relay
+keeps (types, integer ranges, lengths, 40-hex shas). Answers:
 
     200 {"status": "pong"}                         ping
     202 {"status": "queued", "dispatches": [...]}  stored; one outbox row per target backend
@@ -15,8 +17,10 @@ other headers (400), content type (415) and JSON (400). Answers:
     202 {"status": "stored", ...}                  kept for the results side (issue_comment, check_run, check_suite)
     200 {"status": "duplicate"}                    this X-GitHub-Delivery was already stored: nothing new
     200 {"status": "ignored", "reason": ...}       another repository, or an event/action the relay does not handle
-    400 {"error": "invalid_payload"}              a field the event needs is missing, or its trimmed body is over GitHub's limits
-    503 {"error": "store_unavailable"}             nothing stored: GitHub shows the failure; redeliver later
+    400 {"error": "invalid_payload"}              a field the relay keeps is missing or invalid (the detail names it),
+                                                   or the trimmed body is over GitHub's limits
+    422 {"error": "store_refused"}                 the database refused this webhook's rows (named); its batch neighbours are stored
+    503 {"error": "store_unavailable"}             not stored within RELAY_STORE_DEADLINE_SECONDS: GitHub shows the failure; redeliver later
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -35,10 +38,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from relay import events as events_mod
-from relay import tiers
+from relay import trust
 from relay.events import PayloadError, UpstreamEvent
+from relay.json_input import JsonRefused, load_json
 from relay.request_body import BodyRefused, read_capped
-from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreUnavailable
+from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreRefused, StoreUnavailable
 
 __all__ = ["SIGNATURE_HEADER", "Webhook", "WebhookRejected", "router", "signature_matches", "verified_webhook"]
 
@@ -114,9 +118,10 @@ async def verified_webhook(request: Request) -> Webhook:
             f"content type {content_type or 'none'!r}; set the webhook's content type to application/json",
         )
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WebhookRejected(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+        payload = load_json(body)
+    except JsonRefused as exc:
+        code = "invalid_payload" if exc.code == "invalid_unicode" else exc.code
+        raise WebhookRejected(400, code, f"delivery {delivery}: {exc.detail}") from None
     if not isinstance(payload, dict):
         raise WebhookRejected(400, "invalid_json", "body must be a JSON object")
     return Webhook(event=event, delivery=delivery, payload=payload, body=body)
@@ -139,7 +144,7 @@ def _invalid(request: Request, hook: Webhook, exc: PayloadError) -> JSONResponse
     return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
 
 
-def _new_dispatches(event: UpstreamEvent, targets: list[tiers.Target]) -> list[NewDispatch]:
+def _new_dispatches(event: UpstreamEvent, targets: list[trust.BackendTarget]) -> list[NewDispatch]:
     """One outbox row per target, each with its own nonce; raises PayloadError over GitHub's limits."""
     nonces = [secrets.token_urlsafe(24) for _ in targets]
     event_type = events_mod.event_type(event)
@@ -177,7 +182,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
     except PayloadError as exc:
         return _invalid(request, hook, exc)
 
-    if hook.event == "pull_request" and event.action not in tiers.PR_ACTIONS:
+    if hook.event == "pull_request" and event.action not in trust.PR_ACTIONS:
         return _answer(request, hook, 200, "ignored", reason=f"action {event.kind!r} is not handled")
 
     outcome, reason, targets, raw = "stored", None, [], None
@@ -185,7 +190,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         raw = hook.body.decode("utf-8", errors="replace")
         reason = "kept for re-run requests; nothing is dispatched"
     else:
-        targets, reason = tiers.route(event, state.allowlist)
+        targets, reason = trust.route(event, state.allowlist)
         outcome = "queued" if targets else "recorded"
     try:
         new_dispatches = _new_dispatches(event, targets)
@@ -195,15 +200,26 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         delivery_id=hook.delivery, event=hook.event, action=event.action, repository=event.repository,
         outcome="dispatched" if targets else outcome, summary=event.summary(), reason=reason, payload=raw,
     )
+    store = state.store
     try:
-        fresh = await asyncio.wrap_future(state.store.submit_delivery(delivery, new_dispatches, _snapshot(event)))
-    except StoreUnavailable as exc:
+        # Bounded: a frozen database (or a commit stuck ahead of this one) gets a 503 before GitHub's
+        # 10 s run out; the wait's cancellation drops the write if it has not started. A write already
+        # under way may still commit: GitHub's redelivery is then answered "duplicate".
+        fresh = await asyncio.wait_for(
+            asyncio.wrap_future(store.submit_delivery(delivery, new_dispatches, _snapshot(event))), store.deadline_seconds,
+        )
+    except (StoreUnavailable, TimeoutError) as exc:
+        error = str(exc) or f"no commit within {store.deadline_seconds:g}s (RELAY_STORE_DEADLINE_SECONDS)"
         state.metrics.events.labels(hook.event, "store_unavailable").inc()
-        log.error("webhook not stored", extra={"event": hook.event, "delivery": hook.delivery, "error": str(exc)})
+        log.error("webhook not stored", extra={"event": hook.event, "delivery": hook.delivery, "error": error})
         return JSONResponse(
             {"error": "store_unavailable", "detail": f"delivery {hook.delivery} was not stored; redeliver it once the store is back"},
             status_code=503,
         )
+    except StoreRefused as exc:
+        state.metrics.events.labels(hook.event, "store_refused").inc()
+        log.error("webhook refused by the store", extra={"event": hook.event, "delivery": hook.delivery, "error": str(exc)})
+        return JSONResponse({"error": "store_refused", "detail": str(exc)}, status_code=422)
     if not fresh:
         return _answer(request, hook, 200, "duplicate", reason="this delivery was already received; nothing new is dispatched")
     if targets and state.dispatcher is not None:

@@ -3,7 +3,7 @@
 Triggered by every ``POST /github/callback`` (the :func:`relay.callbacks` dependency calls
 :meth:`CallerAuth.authenticate` before the handler body runs). Reads the ``Authorization`` header, the
 issuer's JWKS (fetched over HTTPS, cached, refetched when a token names an unknown key id) and the
-allowlist; writes nothing.
+allowlist's backend targets (:mod:`relay.trust`); writes nothing.
 
 Two ways in:
 
@@ -16,8 +16,9 @@ Two ways in:
   hex digest is the backend file's ``relay.callback_token_sha256``. Compared in constant time against
   every backend's digest, so timing reveals neither which backend nor how much matched.
 
-Either way the caller must be an allowlisted backend repository at level L2 or higher (L1 backends
-receive events but send nothing back).
+Either way the caller must be an allowlisted backend whose level accepts results
+(``BackendTarget.accepts_results``: L2 and up in the levels table; L1 backends receive events but send
+nothing back).
 """
 
 from __future__ import annotations
@@ -29,29 +30,25 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx
 import jwt
 
-from conformance.descriptors import TrustLevel, load_descriptor
+from relay.trust import BackendTarget, lowest_accepting_results
 
 __all__ = [
     "AuthError",
     "Caller",
     "CallerAuth",
-    "CallbackTarget",
     "JwksCache",
     "OidcVerifier",
-    "load_callback_targets",
 ]
 
 log = logging.getLogger("relay.oidc")
 
 GITHUB_ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
 _ACCEPTED_ALGORITHMS = ("RS256",)
-_LEVELS_ACCEPTED = (TrustLevel.L2, TrustLevel.L3, TrustLevel.L4)
 
 
 class AuthError(Exception):
@@ -65,38 +62,21 @@ class AuthError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class CallbackTarget:
-    """An allowlisted backend as callback authentication sees it."""
-
-    name: str
-    repository: str
-    level: TrustLevel
-    token_sha256: str | None = dataclasses.field(default=None, repr=False)
-
-
-@dataclasses.dataclass(frozen=True)
 class Caller:
     """A verified caller: the backend, how it proved itself, and the run its OIDC token names."""
 
-    backend: str
-    repository: str
-    level: TrustLevel
+    target: BackendTarget
     method: str  # "oidc" | "token"
     run_id: int | None = None
     run_attempt: int | None = None
 
+    @property
+    def backend(self) -> str:
+        return self.target.name
 
-def load_callback_targets(backends_dir: Path) -> tuple[CallbackTarget, ...]:
-    """Every backend with a ``relay`` section, with its static-token digest (if any)."""
-    targets = []
-    for path in sorted(backends_dir.glob("*.yaml")):
-        descriptor = load_descriptor(path)
-        if descriptor.relay is not None:
-            targets.append(CallbackTarget(
-                descriptor.name, descriptor.relay.repository, descriptor.relay.level,
-                descriptor.relay.callback_token_sha256,
-            ))
-    return tuple(targets)
+    @property
+    def repository(self) -> str:
+        return self.target.repository
 
 
 class JwksCache:
@@ -231,7 +211,7 @@ def _int_claim(claims: Mapping[str, Any], name: str) -> int | None:
 class CallerAuth:
     """CallerAuth(targets, verifier=None): turns an ``Authorization`` header into a :class:`Caller`."""
 
-    def __init__(self, targets: Iterable[CallbackTarget], verifier: OidcVerifier | None = None):
+    def __init__(self, targets: Iterable[BackendTarget], verifier: OidcVerifier | None = None):
         self.targets = tuple(targets)
         self.verifier = verifier
         self._by_repository = {t.repository.lower(): t for t in self.targets}
@@ -262,7 +242,7 @@ class CallerAuth:
             raise AuthError(403, "not_allowlisted", f"repository {repository!r} is not an allowlisted backend repository")
         self._check_level(target)
         return Caller(
-            target.name, target.repository, target.level, "oidc",
+            target, "oidc",
             run_id=_int_claim(claims, "run_id"), run_attempt=_int_claim(claims, "run_attempt"),
         )
 
@@ -270,19 +250,22 @@ class CallerAuth:
         digest = hashlib.sha256(token.encode()).hexdigest()
         found = None
         for target in self.targets:  # every digest is compared: no early exit, so timing says nothing
-            if hmac.compare_digest(digest, target.token_sha256 or "0" * 64) and target.token_sha256:
+            expected = target.callback_token_sha256
+            if hmac.compare_digest(digest, expected or "0" * 64) and expected:
                 found = target
         if found is None:
             raise AuthError(401, "bad_token", "the callback token matches no backend")
         self._check_level(found)
-        return Caller(found.name, found.repository, found.level, "token")
+        return Caller(found, "token")
 
     @staticmethod
-    def _check_level(target: CallbackTarget) -> None:
-        if target.level not in _LEVELS_ACCEPTED:
+    def _check_level(target: BackendTarget) -> None:
+        if not target.accepts_results:
+            lowest = lowest_accepting_results()
+            accepted = f"results are accepted from {lowest.value} up" if lowest else "no level accepts results"
             raise AuthError(
                 403, "level_too_low",
-                f"backend {target.name!r} ({target.repository}) is at level {target.level.value}: results are "
-                "accepted from L2 up; promote it in its backend file",
+                f"backend {target.name!r} ({target.repository}) is at level {target.level.value}: {accepted}; "
+                "promote it in its backend file",
             )
 

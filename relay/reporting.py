@@ -6,14 +6,15 @@ its failing tests, the PR's current labels and the last state reported; writes t
 through :mod:`relay.github`, then records what it reported (per run and target) so a state already
 reported is never sent again.
 
-What appears upstream (``decide``):
+What appears upstream (``decide``) is the backend's level's row in :data:`relay.trust.LEVELS`:
 
-* L1, L2: nothing (L2 results are on the dashboard only).
-* L3: only while the PR carries the backend's label. The decision is level-triggered: a label added
-  before the dispatch, during the run or after it ends all lead to the check on the PR, because the
-  label watch re-decides every run of the PR's head when the labels change. Failures (and time-outs)
-  are reported as ``neutral`` with the failure summary: never blocking.
-* L4: every PR (and push), with the real conclusion: meant to be a required check.
+* ``display_on_pr`` never (L1, L2): nothing (L2 results are on the dashboard only).
+* ``label_only`` (L3): only while the PR carries the backend's label. The decision is level-triggered:
+  a label added before the dispatch, during the run or after it ends all lead to the check on the PR,
+  because the label watch re-decides every run of the PR's head when the labels change.
+* ``always`` (L4): every PR (and push).
+* ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
+  summary; on (L4): the real conclusion, meant to be a required check.
 
 Two modes, from the relay's GitHub credentials: a GitHub App writes check runs (name
 ``crcr/<backend>``, ``external_id`` = the run's id, details link = the dashboard's run page, summary
@@ -33,19 +34,19 @@ import datetime as dt
 import heapq
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from conformance.descriptors import TrustLevel
-
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError
 from relay.store.base import utcnow
 from relay.store.runs import RunView
-from relay.store.test_results import FAILING_OUTCOMES, TestResultView
+from relay.store.per_test_results import FAILING_OUTCOMES, TestResultView
+from relay.trust import BackendTarget
 
-__all__ = ["CHECK_RUN", "STATUS", "Decision", "Reporter", "ReportingClient", "ReportingWorker", "ReportTarget", "decide"]
+__all__ = ["CHECK_RUN", "STATUS", "Decision", "Reporter", "ReportingClient", "ReportingWorker", "decide"]
 
 log = logging.getLogger("relay.reporting")
 
@@ -69,15 +70,6 @@ class ReportingClient(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class ReportTarget:
-    """A backend as reporting sees it."""
-
-    name: str
-    level: TrustLevel
-    label: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Decision:
     """What should be upstream for one run: None from ``decide`` means nothing."""
 
@@ -90,24 +82,22 @@ class Decision:
         return self.status == "completed"
 
 
-def _upstream_conclusion(run: RunView, level: TrustLevel) -> str:
+def _upstream_conclusion(run: RunView, target: BackendTarget) -> str:
     conclusion = run.conclusion or ("timed_out" if run.state == "timed_out" else "cancelled")
-    if level is TrustLevel.L3 and conclusion in _NON_BLOCKING:
+    if not target.blocks and conclusion in _NON_BLOCKING:
         return "neutral"
     return conclusion
 
 
-def decide(run: RunView, target: ReportTarget, pr_labels: tuple[str, ...] | None) -> Decision | None:
+def decide(run: RunView, target: BackendTarget, pr_labels: tuple[str, ...] | None) -> Decision | None:
     """decide(run, target, labels of its PR or None for a push) -> what to show upstream, or None."""
-    if target.level in (TrustLevel.L1, TrustLevel.L2):
-        return None
-    if target.level is TrustLevel.L3 and (pr_labels is None or target.label not in pr_labels):
+    if not target.shows_on_pr(pr_labels):
         return None
     if run.state == "dispatched":
         return Decision("queued", None, "queued")
     if run.state == "in_progress":
         return Decision("in_progress", None, "in_progress")
-    conclusion = _upstream_conclusion(run, target.level)
+    conclusion = _upstream_conclusion(run, target)
     return Decision("completed", conclusion, f"completed:{conclusion}")
 
 
@@ -122,14 +112,31 @@ def _counts_line(run: RunView) -> str:
     return ", ".join(parts)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def md_code(text: str, *, in_table: bool = False) -> str:
+    """``text`` as one inert Markdown code span: no link, image, HTML, mention or autolink survives.
+
+    Everything a report carries (test ids, suite names, torch versions) is written through this. The
+    fence is one backtick longer than the longest run of backticks inside, so nothing can close it
+    early; line breaks become spaces (they would end a list item or a table row); in a table, ``|``
+    is escaped, because GitHub splits cells before it reads code spans.
+    """
+    flat = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    if in_table:
+        flat = flat.replace("|", "\\|")
+    return f"{fence} {flat} {fence}" if flat else "` `"
+
+
+def plain_text(text: str) -> str:
+    """One line of printable text (commit status descriptions are shown as they are sent)."""
+    return "".join(ch if ch.isprintable() else " " for ch in " ".join(text.split()))
 
 
 def summary_markdown(run: RunView, failures: list[TestResultView], details_url: str) -> str:
     lines = [f"**{_counts_line(run)}** on `{run.backend}`"]
     if run.torch_version:
-        lines[0] += f" (torch {run.torch_version})"
+        lines[0] += f" (torch {md_code(run.torch_version)})"
     if run.reason:
         lines.append(f"\nReason: {run.reason.replace('_', ' ')}")
     suites = (run.summary or {}).get("suites") or {}
@@ -137,16 +144,18 @@ def summary_markdown(run: RunView, failures: list[TestResultView], details_url: 
         lines += ["", "| suite | passed | failed | errors | skipped | xfailed | total |", "|---|---|---|---|---|---|---|"]
         for suite, c in suites.items():
             lines.append(
-                f"| {_md_cell(suite)} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('errors', 0)} | "
+                f"| {md_code(suite, in_table=True)} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('errors', 0)} | "
                 f"{c.get('skipped', 0)} | {c.get('xfailed', 0)} | {c.get('total', 0)} |"
             )
     if failures:
         lines += ["", f"First failing tests ({min(len(failures), FIRST_FAILURES)} of {len(failures)}):", ""]
         for failure in failures[:FIRST_FAILURES]:
-            message = failure.message.strip().replace("```", "'''")[:1500]
-            lines.append(f"- `{failure.test_id}` ({failure.outcome})")
+            message = failure.message.strip()[:1500]
+            lines.append(f"- {md_code(failure.test_id)} ({failure.outcome})")
             if message:
-                lines += ["  ```", *("  " + m for m in message.splitlines()[:15]), "  ```"]
+                # A fenced block is literal text; its fence outgrows any backtick run of the message.
+                fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", message)), default=0))
+                lines += [f"  {fence}", *("  " + m for m in message.splitlines()[:15]), f"  {fence}"]
     lines += ["", f"Full results: {details_url}"]
     text = "\n".join(lines)
     return text if len(text) <= SUMMARY_MAX_CHARS else text[: SUMMARY_MAX_CHARS - 20] + "\n\n(cut)"
@@ -160,7 +169,7 @@ def status_description(run: RunView, decision: Decision, failures: list[TestResu
     else:
         text = _counts_line(run)
         if failures:
-            text += f"; first: {failures[0].test_id}"
+            text += f"; first: {plain_text(failures[0].test_id)}"
         if decision.conclusion == "neutral":
             text = f"neutral (non-blocking): {text}"
     return text if len(text) <= DESCRIPTION_MAX_CHARS else text[: DESCRIPTION_MAX_CHARS - 1] + "…"
@@ -181,7 +190,7 @@ def _iso(when: dt.datetime | None) -> str | None:
 class Reporter:
     """Reporter(store, github, targets, mode=CHECK_RUN|STATUS, dashboard_url=...): reconciles runs upstream."""
 
-    def __init__(self, store, github: ReportingClient, targets: Mapping[str, ReportTarget], *, mode: str,
+    def __init__(self, store, github: ReportingClient, targets: Mapping[str, BackendTarget], *, mode: str,
                  dashboard_url: str):
         if mode not in (CHECK_RUN, STATUS):
             raise ValueError(f"reporting mode {mode!r}; use {CHECK_RUN!r} (GitHub App) or {STATUS!r} (token)")

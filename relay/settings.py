@@ -32,6 +32,18 @@ def _env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what the YAML error is, without the snippet of the file PyYAML quotes (it may hold a secret)."""
+    def where(mark) -> str:
+        return "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+
+    text = f"{getattr(exc, 'problem', None) or type(exc).__name__}{where(getattr(exc, 'problem_mark', None))}"
+    context = getattr(exc, "context", None)
+    if context:
+        text = f"{context}{where(getattr(exc, 'context_mark', None))}: {text}"
+    return text
+
+
 class _YamlFileSource(PydanticBaseSettingsSource):
     """Values from the YAML file named by ``RELAY_CONFIG_FILE`` (lower priority than the environment)."""
 
@@ -45,7 +57,7 @@ class _YamlFileSource(PydanticBaseSettingsSource):
         except OSError as exc:
             raise SettingsError(f"{CONFIG_FILE_VAR}: cannot read {path}: {exc.strerror}") from None
         except yaml.YAMLError as exc:
-            raise SettingsError(f"{CONFIG_FILE_VAR}: {path} is not valid YAML: {exc}") from None
+            raise SettingsError(f"{CONFIG_FILE_VAR}: {path} is not valid YAML: {_yaml_problem(exc)}") from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -97,6 +109,10 @@ class Settings(BaseSettings):
 
     # --- store
     database_url: str = "sqlite:///relay.db"
+    store_deadline_seconds: float = Field(
+        5.0, gt=0, lt=10, description="longest a webhook or /healthz waits on the store before answering 503 "
+        "(GitHub gives up after 10 s); also bounds each statement, lock wait and connection attempt"
+    )
 
     # --- dispatch
     dispatcher_enabled: bool = True
@@ -107,11 +123,15 @@ class Settings(BaseSettings):
     dispatch_backoff_base_seconds: float = Field(5.0, gt=0)
     dispatch_backoff_max_seconds: float = Field(900.0, gt=0)
 
-    # --- results (part 2): callbacks, reporting, re-runs, sweeper, level review, dashboard
+    # --- results: callbacks, reporting, re-runs, sweeper, level review, dashboard
     oidc_issuer: str = Field("https://token.actions.githubusercontent.com", description="OIDC issuer of callback tokens")
     oidc_audience: str | None = Field(None, description="audience callback OIDC tokens must carry; unset: OIDC off")
     oidc_jwks_url: str | None = Field(None, description="JWKS URL; default from the issuer's openid-configuration")
-    callback_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="callbacks larger than this get 413")
+    callback_max_bytes: int = Field(8 * 1024 * 1024, gt=0, description="callbacks larger than this get 413")
+    callback_max_tests: int = Field(20_000, gt=0, description="reports with more tests than this get 413")
+    callback_max_message_chars: int = Field(
+        16_384, gt=0, description="a report whose test message is longer than this gets 413 (4000 are stored)",
+    )
     callback_rate_per_minute: float = Field(120.0, ge=0, description="callbacks per repository per minute; 0 = off")
     callback_rate_burst: int = Field(60, ge=1)
     dashboard_url: str = Field("http://127.0.0.1:8000", description="public base URL of the dashboard (details links)")

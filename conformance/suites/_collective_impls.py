@@ -1,4 +1,5 @@
-"""The collectives the typed-collectives suite tests, behind one seam: a name -> ``CollectiveSet``.
+"""The collectives the suites test, behind two seams: a name -> ``CollectiveSet`` (typed collectives)
+and a name -> the ``torch.distributed`` API (``resolve_dist``, the plain collectives suites).
 
 Rank functions of ``test_typed_collectives`` take an ``impl`` name and call every collective through
 the set it resolves to, on the rank. ``"torch"`` (the default) is the real thing: spmd-types'
@@ -7,6 +8,10 @@ autograd. Any other name is an import path ``"package.module:ATTRIBUTE"`` to a `
 so the project's own tests can hand the suite a deliberately broken collective and prove that the
 suite notices (the rank processes import that module themselves; nothing is registered by side
 effect).
+
+``resolve_dist(name)`` does the same for the plain collectives suites (``collectives``, ``p2p``,
+``collective_layouts``, ``process_groups``): ``"torch"`` is the ``torch.distributed`` module itself,
+anything else an import path to an object with the same functions (a broken stand-in).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["CollectiveSet", "resolve", "torch_collectives"]
+__all__ = ["CollectiveSet", "resolve", "resolve_dist", "torch_collectives"]
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,29 @@ def torch_collectives() -> CollectiveSet:
     )
 
 
+def _imported(name: str):
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"collective implementation {name!r}: expected 'torch' or 'package.module:ATTRIBUTE'")
+    return getattr(importlib.import_module(module), attr)
+
+
 def resolve(name: str) -> CollectiveSet:
     """resolve(name) -> CollectiveSet: ``"torch"`` or ``"package.module:ATTRIBUTE"``."""
     if name == "torch":
         return torch_collectives()
-    module, sep, attr = name.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"collective implementation {name!r}: expected 'torch' or 'package.module:ATTRIBUTE'")
-    value = getattr(importlib.import_module(module), attr)
+    value = _imported(name)
     value = value() if callable(value) and not isinstance(value, CollectiveSet) else value
     if not isinstance(value, CollectiveSet):
         raise TypeError(f"collective implementation {name!r} is a {type(value).__name__}, not a CollectiveSet")
     return value
+
+
+def resolve_dist(name: str):
+    """resolve_dist(name) -> the distributed API: ``torch.distributed`` for ``"torch"``, else the object
+    at ``"package.module:ATTRIBUTE"`` (it offers the same functions, some of them broken)."""
+    if name == "torch":
+        import torch.distributed
+
+        return torch.distributed
+    return _imported(name)

@@ -1,177 +1,387 @@
-"""Plain collectives over the backend's process group, checked against values computed locally.
+"""Collectives over the backend's process group, checked against values computed locally.
 
-The matrix is every reduce op x every dtype for which torch defines the op: bitwise ops on integral
-and bool dtypes, arithmetic ops on numbers. Bitwise ops on floating dtypes are not dropped: a backend
-must refuse them with an error (``test_all_reduce_rejects_undefined``), never return garbage.
-Combinations a backend cannot do (gloo: PREMUL_SUM, AVG on integers) are listed as known failures
-in its descriptor, with the reason, so they stay visible as xfailed and turn red once fixed.
+Reductions (all_reduce, reduce to every dst, reduce_scatter in its tensor, list and uneven forms):
+every op x every dtype torch defines it for, compared exactly (inputs are integer-valued, so every
+op but AVG is exact in every dtype; AVG uses the dtype's tolerance). Undefined pairs (bitwise ops on
+floats; MIN/MAX/PRODUCT on complex) must raise. NaN and infinities under MIN/MAX/SUM propagate as
+in eager torch.
 
-Inputs differ per rank so that ordering bugs (rank i's data landing in rank j's slot) show up.
+Data movement (broadcast from every src, all_gather tensor and list, gather to every dst, scatter from
+every src, all_to_all single and list with even, uneven and zero-sized splits): every dtype, floats8
+and complex included, each input led by its dtype's edge values and filled with random bit patterns,
+compared bit for bit. Then the coalesced forms, ``async_op=True`` handles (wait, is_completed,
+get_future), object collectives and a barrier.
+
+Inputs differ per rank with no period (``_collective_data``). Every check takes ``impl``, the API it
+calls (``_collective_impls.resolve_dist``): ``tests/suites/test_collectives_catches.py`` hands it
+broken collectives and shows each caught. What a backend cannot do is a known failure in its
+descriptor, with the reason.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-from pathlib import Path
-
 import pytest
 
 from conformance import assert_ranks_equal, requires
+from conformance.checks import ConformanceFailure
+from conformance.suites import _collective_bodies as bodies
+from conformance.suites import _collective_data as data
 
 pytestmark = requires("collectives")
 
-FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
-INT_DTYPES = ["int8", "uint8", "int32", "int64"]
-ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ["bool"]
-ARITHMETIC_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"]
-BITWISE_OPS = ["BAND", "BOR", "BXOR"]
-PREMUL_FACTOR = 2.0
+
+def _param(*values, dtype: str):
+    marks = [requires("bf16")] if dtype == "bfloat16" else []
+    return pytest.param(*values, marks=marks, id="-".join(str(v) for v in values))
 
 
-def _dtype_param(name: str):
-    return pytest.param(name, marks=requires("bf16")) if name == "bfloat16" else name
+def _dtype_params(dtypes):
+    return [_param(d, dtype=d) for d in dtypes]
 
 
-def _reduce_cases():
-    for op in ARITHMETIC_OPS:
-        dtypes = FLOAT_DTYPES if op == "PREMUL_SUM" else FLOAT_DTYPES + INT_DTYPES
-        dtypes = dtypes + (["bool"] if op in ("SUM", "PRODUCT", "MIN", "MAX") else [])
-        for dtype in dtypes:
-            marks = [requires("bf16")] if dtype == "bfloat16" else []
-            yield pytest.param(op, dtype, marks=marks, id=f"{op}-{dtype}")
-    for op in BITWISE_OPS:
-        for dtype in INT_DTYPES + ["bool"]:
-            yield pytest.param(op, dtype, id=f"{op}-{dtype}")
+def raise_problems(problems: list[str], what: str) -> None:
+    """One ConformanceFailure listing every rank's problem (the shared message format of these suites)."""
+    if problems:
+        raise ConformanceFailure(f"{what} is wrong:\n  " + "\n  ".join(problems))
 
 
-def _dtype(name: str):
+def assert_bits(results: list, expected: list, what: str) -> None:
+    """Each rank's tensor equals its expected one bit for bit (None expected: nothing to check)."""
+    problems = []
+    for rank, (got, want) in enumerate(zip(results, expected)):
+        if want is None:
+            continue
+        problem = data.same_bits(got, want)
+        if problem:
+            problems.append(f"rank {rank}: {problem}")
+    raise_problems(problems, what)
+
+
+# -- reductions -------------------------------------------------------------------------------------
+
+NUMEL = 33  # odd, so no backend can hide a bug behind vectorised halves
+
+
+def _inputs(salt, op, dtype, numel, world):
+    return [data.reduce_input(salt, r, numel, dtype, op) for r in range(world)]
+
+
+def check_all_reduce(ranks, op, dtype, impl="torch"):
+    salt = f"all_reduce/{op}/{dtype}"
+    results = data.run_packed(ranks, bodies.all_reduce_on_rank, salt, op, dtype, NUMEL, impl=impl)
+    expected = data.expected_reduction(op, _inputs(salt, op, dtype, NUMEL, ranks.world_size))
+    assert_ranks_equal(results, expected, exact=data.reduction_is_exact(op),
+                       what=f"all_reduce({op}) on {dtype} over {ranks.backend}")
+
+
+def check_reduce(ranks, op, dtype, impl="torch"):
+    salt = f"reduce/{op}/{dtype}"
+    world = ranks.world_size
+    per_rank = data.run_packed(ranks, bodies.reduce_on_rank, salt, op, dtype, NUMEL, impl=impl)
+    expected = data.expected_reduction(op, _inputs(salt, op, dtype, NUMEL, world))
+    for dst in range(world):
+        assert_ranks_equal([per_rank[dst][dst]], expected, exact=data.reduction_is_exact(op),
+                           what=f"reduce({op}) on {dtype} to dst {dst} over {ranks.backend} (rank numbers: 0 = dst)")
+
+
+def check_reduce_scatter(ranks, op, dtype, impl="torch"):
+    salt, chunk, world = f"reduce_scatter/{op}/{dtype}", 3, ranks.world_size
+    results = data.run_packed(ranks, bodies.reduce_scatter_on_rank, salt, op, dtype, chunk, impl=impl)
+    total = data.expected_reduction(op, _inputs(salt, op, dtype, chunk * world, world))
+    for form, index in (("reduce_scatter_tensor", 0), ("reduce_scatter (list)", 1)):
+        assert_ranks_equal([r[index] for r in results], list(total.split(chunk)), exact=data.reduction_is_exact(op),
+                           what=f"{form}({op}) on {dtype} over {ranks.backend}")
+
+
+def check_reduce_scatter_uneven(ranks, op, dtype, impl="torch"):
+    salt, world = f"reduce_scatter_v/{op}/{dtype}", ranks.world_size
+    sizes = bodies.uneven_sizes(world)
+    results = data.run_packed(ranks, bodies.reduce_scatter_uneven_on_rank, salt, op, dtype, impl=impl)
+    total = data.expected_reduction(op, _inputs(salt, op, dtype, sum(sizes), world))
+    assert_ranks_equal(results, list(total.split(sizes)), exact=data.reduction_is_exact(op),
+                       what=f"reduce_scatter (list, uneven sizes {sizes})({op}) on {dtype} over {ranks.backend}")
+
+
+@pytest.mark.parametrize("op, dtype", [_param(op, d, dtype=d) for op, d in data.reduce_cases()])
+def test_all_reduce(ranks, op, dtype):
+    check_all_reduce(ranks, op, dtype)
+
+
+@pytest.mark.parametrize("op, dtype", [_param(op, d, dtype=d) for op, d in data.reduce_cases()])
+def test_reduce(ranks, op, dtype):
+    check_reduce(ranks, op, dtype)
+
+
+@pytest.mark.parametrize("op, dtype", [_param(op, d, dtype=d) for op, d in data.reduce_cases()])
+def test_reduce_scatter(ranks, op, dtype):
+    check_reduce_scatter(ranks, op, dtype)
+
+
+# The uneven form's reduction arithmetic is the even form's: one op per dtype family covers it.
+@pytest.mark.parametrize("op, dtype", [_param("SUM", "float32", dtype="float32"), _param("MAX", "int64", dtype="int64"),
+                                       _param("BXOR", "uint8", dtype="uint8"), _param("MIN", "bool", dtype="bool")])
+def test_reduce_scatter_uneven(ranks, op, dtype):
+    check_reduce_scatter_uneven(ranks, op, dtype)
+
+
+@pytest.mark.parametrize("op, dtype", [_param(op, d, dtype=d) for op, d in data.undefined_cases()])
+def test_all_reduce_rejects_undefined(ranks, op, dtype):
+    """Bitwise ops on floating point and MIN/MAX/PRODUCT on complex have no meaning: every rank must
+    get an error, never a value."""
+    errors = data.run_packed(ranks, bodies.rejected_reduction_on_rank, op, dtype)
+    silent = [rank for rank, err in enumerate(errors) if err is None]
+    assert not silent, (f"all_reduce({op}) on {dtype} over {ranks.backend} returned a value on rank "
+                        f"{silent} instead of raising ({op} is undefined on {dtype})")
+
+
+def nonfinite_input(rank: int, world: int, dtype: str):
+    """Columns: NaN on one rank; +inf everywhere; +inf on rank 0 and -inf elsewhere; -inf on the last
+    rank and finite elsewhere; NaN on the last rank; NaN and inf on different ranks."""
     import torch
 
-    return getattr(torch, name)
+    nan, inf, last = float("nan"), float("inf"), rank == world - 1
+    row = [nan if rank == 0 else 1.0, inf, inf if rank == 0 else -inf, -inf if last else 2.0,
+           nan if last else -3.0, nan if rank == 0 else inf]
+    return torch.tensor(row, dtype=getattr(torch, dtype))
 
 
-def rank_input(rank: int, numel: int, dtype_name: str, *, small: bool = False, device=None):
-    """Deterministic, rank-dependent input on ``device``; ``small`` keeps products of world-size factors
-    in range. Rank functions pass ``ctx.device``; the controller's references use its default (cpu)."""
-    import torch
-
-    idx = torch.arange(numel, device=device)
-    if dtype_name == "bool":
-        return (idx + rank) % 3 == 0
-    values = (idx + rank) % 2 + 1 if small else (idx + 3 * rank) % 5 + 1
-    return values.to(_dtype(dtype_name))
-
-
-def _reduce_op(op: str):
-    import torch.distributed as dist
-
-    if op == "PREMUL_SUM":
-        return dist._make_nccl_premul_sum(PREMUL_FACTOR)
-    return getattr(dist.ReduceOp, op)
-
-
-def expected_reduction(op: str, inputs: list):
-    """What all_reduce(op) must give, computed locally from every rank's input."""
-    import torch
-
-    dtype, stacked = inputs[0].dtype, torch.stack(inputs)
-    if op == "SUM":
-        return stacked.sum(0).to(dtype) if dtype != torch.bool else stacked.any(0)
-    if op == "PRODUCT":
-        return stacked.prod(0).to(dtype) if dtype != torch.bool else stacked.all(0)
-    if op == "MIN":
-        return stacked.min(0).values
-    if op == "MAX":
-        return stacked.max(0).values
-    if op == "AVG":
-        if dtype.is_floating_point:
-            return (stacked.double().sum(0) / len(inputs)).to(dtype)
-        return torch.div(stacked.sum(0), len(inputs), rounding_mode="trunc").to(dtype)
-    if op == "PREMUL_SUM":
-        return (stacked.double() * PREMUL_FACTOR).sum(0).to(dtype)
-    bitwise = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
-    return functools.reduce(bitwise, inputs)
-
-
-# -- functions that run on every rank -------------------------------------------------------------
-
-def all_reduce_on_rank(ctx, op: str, dtype_name: str, numel: int):
-    import torch.distributed as dist
-
-    tensor = rank_input(ctx.rank, numel, dtype_name, small=op == "PRODUCT", device=ctx.device)
-    dist.all_reduce(tensor, op=_reduce_op(op))
+def nonfinite_on_rank(ctx, op: str, dtype: str, impl: str = "torch"):
+    dist = bodies.resolve_dist(impl)
+    tensor = nonfinite_input(ctx.rank, ctx.world_size, dtype).to(ctx.device)
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
     return tensor
 
 
-def all_reduce_error_on_rank(ctx, op: str, dtype_name: str):
-    import torch.distributed as dist
-
-    tensor = rank_input(ctx.rank, 8, dtype_name, device=ctx.device)
-    try:
-        dist.all_reduce(tensor, op=_reduce_op(op))
-    except (RuntimeError, ValueError, TypeError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def all_gather_on_rank(ctx, dtype_name: str, numel: int):
-    import torch
-    import torch.distributed as dist
-
-    local = rank_input(ctx.rank, numel, dtype_name, device=ctx.device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    out = torch.empty(numel * ctx.world_size, dtype=local.dtype, device=ctx.device)
-    gather(out, local)
-    listed = [torch.empty_like(local) for _ in range(ctx.world_size)]
-    dist.all_gather(listed, local)
-    return out, torch.cat(listed)
-
-
-def reduce_scatter_on_rank(ctx, dtype_name: str, chunk: int):
-    import torch
-    import torch.distributed as dist
-
-    full = rank_input(ctx.rank, chunk * ctx.world_size, dtype_name, device=ctx.device)
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    out = torch.empty(chunk, dtype=full.dtype, device=ctx.device)
-    scatter(out, full, op=dist.ReduceOp.SUM)
-    return out
-
-
-def a2a_payload(src: int, dst: int, count: int, dtype_name: str, device=None):
-    """What rank ``src`` sends to rank ``dst`` in the uneven all_to_all: ``src + dst + 1`` elements."""
+@pytest.mark.parametrize("op", ["MIN", "MAX", "SUM"])
+@pytest.mark.parametrize("dtype", _dtype_params(data.FLOAT_DTYPES))
+def test_all_reduce_nonfinite(ranks, op, dtype):
+    """NaN propagates through MIN, MAX and SUM (as torch.min/max/sum do); inf - inf is NaN."""
     import torch
 
-    idx = torch.arange(count, device=device)
-    if dtype_name == "bool":
-        return (idx + src + dst) % 2 == 0
-    return ((src * 7 + dst * 3 + idx) % 11).to(_dtype(dtype_name))
+    world = ranks.world_size
+    results = ranks.run(nonfinite_on_rank, op, dtype)
+    stacked = torch.stack([nonfinite_input(r, world, dtype) for r in range(world)])
+    expected = {"MIN": lambda: stacked.min(0).values, "MAX": lambda: stacked.max(0).values,
+                "SUM": lambda: stacked.sum(0)}[op]()
+    assert_ranks_equal(results, expected, exact=True,
+                       what=f"all_reduce({op}) with NaN and inf on {dtype} over {ranks.backend}")
 
 
-def all_to_all_on_rank(ctx, dtype_name: str):
+# -- data movement ----------------------------------------------------------------------------------
+
+MOVE_NUMEL = 37
+
+
+def check_broadcast(ranks, dtype, impl="torch"):
+    salt, world = f"broadcast/{dtype}", ranks.world_size
+    per_rank = data.run_packed(ranks, bodies.broadcast_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    for src in range(world):
+        want = data.payload(f"{salt}/{src}", src, MOVE_NUMEL, dtype)
+        assert_bits([r[src] for r in per_rank], [want] * world, f"broadcast from src {src} on {dtype} over {ranks.backend}")
+
+
+def check_all_gather(ranks, dtype, impl="torch"):
     import torch
-    import torch.distributed as dist
 
-    world, rank = ctx.world_size, ctx.rank
-    send_sizes = [rank + dst + 1 for dst in range(world)]
-    recv_sizes = [src + rank + 1 for src in range(world)]
-    send = torch.cat([a2a_payload(rank, dst, n, dtype_name, ctx.device) for dst, n in enumerate(send_sizes)])
-    recv = torch.empty(sum(recv_sizes), dtype=send.dtype, device=ctx.device)
-    dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes)
-    return recv
+    salt, world = f"all_gather/{dtype}", ranks.world_size
+    results = data.run_packed(ranks, bodies.all_gather_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    want = torch.cat([data.payload(salt, r, MOVE_NUMEL, dtype) for r in range(world)])
+    assert_bits([r[0] for r in results], [want] * world, f"all_gather into one tensor on {dtype} over {ranks.backend}")
+    assert_bits([r[1] for r in results], [want] * world, f"all_gather into a tensor list on {dtype} over {ranks.backend}")
 
 
-def broadcast_on_rank(ctx, dtype_name: str, src: int, numel: int):
-    import torch.distributed as dist
+def check_gather(ranks, dtype, impl="torch"):
+    import torch
 
-    tensor = rank_input(ctx.rank, numel, dtype_name, device=ctx.device)
-    dist.broadcast(tensor, src=src)
-    return tensor
+    salt, world = f"gather/{dtype}", ranks.world_size
+    per_rank = data.run_packed(ranks, bodies.gather_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    want = torch.cat([data.payload(salt, r, MOVE_NUMEL, dtype) for r in range(world)])
+    for dst in range(world):
+        listed = per_rank[dst][dst]
+        assert_bits([torch.cat(listed)], [want], f"gather to dst {dst} on {dtype} over {ranks.backend} (rank 0 = dst)")
+
+
+def check_scatter(ranks, dtype, impl="torch"):
+    salt, world = f"scatter/{dtype}", ranks.world_size
+    per_rank = data.run_packed(ranks, bodies.scatter_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    for src in range(world):
+        assert_bits([r[src] for r in per_rank],
+                    [data.payload(f"{salt}/{src}", r, MOVE_NUMEL, dtype) for r in range(world)],
+                    f"scatter from src {src} on {dtype} over {ranks.backend}")
+
+
+def expected_all_to_all(salt, dtype, kind, world):
+    import torch
+
+    return [torch.cat([bodies.a2a_block(salt, src, dst, bodies.a2a_sizes(kind, src, dst, world), dtype)
+                       for src in range(world)]) for dst in range(world)]
+
+
+def check_all_to_all(ranks, dtype, kind, form="single", impl="torch"):
+    salt, world = f"all_to_all/{form}/{kind}/{dtype}", ranks.world_size
+    body = bodies.all_to_all_single_on_rank if form == "single" else bodies.all_to_all_list_on_rank
+    results = data.run_packed(ranks, body, salt, dtype, kind, impl=impl)
+    assert_bits(results, expected_all_to_all(salt, dtype, kind, world),
+                f"all_to_all{'_single' if form == 'single' else ' (list)'} with {kind} splits on {dtype} over "
+                f"{ranks.backend}")
+
+
+@pytest.mark.parametrize("dtype", _dtype_params(data.MOVEMENT_DTYPES))
+def test_broadcast(ranks, dtype):
+    check_broadcast(ranks, dtype)
+
+
+@pytest.mark.parametrize("dtype", _dtype_params(data.MOVEMENT_DTYPES))
+def test_all_gather(ranks, dtype):
+    check_all_gather(ranks, dtype)
+
+
+@pytest.mark.parametrize("dtype", _dtype_params(data.MOVEMENT_DTYPES))
+def test_gather(ranks, dtype):
+    check_gather(ranks, dtype)
+
+
+@pytest.mark.parametrize("dtype", _dtype_params(data.MOVEMENT_DTYPES))
+def test_scatter(ranks, dtype):
+    check_scatter(ranks, dtype)
+
+
+@pytest.mark.parametrize("dtype", _dtype_params(data.MOVEMENT_DTYPES))
+def test_all_to_all_single(ranks, dtype):
+    check_all_to_all(ranks, dtype, "uneven")
+
+
+# Split handling does not depend on the dtype: the other split kinds and the list form on one each.
+@pytest.mark.parametrize("form, kind, dtype", [
+    _param("single", "even", "float64", dtype="float64"), _param("single", "zero", "int32", dtype="int32"),
+    _param("list", "even", "bfloat16", dtype="bfloat16"), _param("list", "uneven", "float32", dtype="float32"),
+    _param("list", "zero", "uint8", dtype="uint8")])
+def test_all_to_all_splits(ranks, form, kind, dtype):
+    check_all_to_all(ranks, dtype, kind, form)
+
+
+# -- coalesced, async, objects, barrier ---------------------------------------------------------------
+
+def check_coalesced(ranks, dtype, impl="torch"):
+    import torch
+
+    salt, world, sizes = f"coalesced/{dtype}", ranks.world_size, (3, 5)
+    results = data.run_packed(ranks, bodies.coalesced_on_rank, salt, dtype, impl=impl)
+    reduced = [data.expected_reduction("SUM", _inputs(f"{salt}/{i}", "SUM", dtype, n, world))
+               for i, n in enumerate(sizes)]
+    gathered = [torch.cat([data.payload(f"{salt}/{i}", r, n, dtype) for r in range(world)]) for i, n in enumerate(sizes)]
+    totals = [data.expected_reduction("SUM", _inputs(f"{salt}/rs{i}", "SUM", dtype, n * world, world))
+              for i, n in enumerate(sizes)]
+    for form in results[0]:
+        for i, n in enumerate(sizes):
+            if "reduce_scatter" in form:
+                wanted = list(totals[i].split(n))
+            else:
+                wanted = gathered[i] if "gather" in form else reduced[i]
+            assert_bits([r[form][i] for r in results], wanted if isinstance(wanted, list) else [wanted] * world,
+                        f"{form}, tensor {i} of {len(sizes)}, on {dtype} over {ranks.backend}")
+
+
+@pytest.mark.parametrize("dtype", _dtype_params(["float32", "int64", "bfloat16"]))
+def test_coalesced(ranks, dtype):
+    check_coalesced(ranks, dtype)
+
+
+def expected_async(name: str, salt: str, world: int) -> list[list]:
+    """What each rank's filled tensors must hold after wait() (see ``bodies._async_call``)."""
+    import torch
+
+    inputs = [data.reduce_input(salt, r, 4, "float32", "SUM") for r in range(world)]
+    fulls = [data.reduce_input(salt, r, 4 * world, "float32", "SUM") for r in range(world)]
+    last = world - 1
+    if name == "all_reduce":
+        return [[sum(inputs)]] * world
+    if name == "broadcast":
+        return [[inputs[last]]] * world
+    if name == "reduce":
+        return [[] for _ in range(last)] + [[sum(inputs)]]
+    if name == "all_gather":
+        return [list(inputs)] * world
+    if name == "all_gather_into_tensor":
+        return [[torch.cat(inputs)]] * world
+    if name == "gather":
+        return [[] for _ in range(last)] + [list(inputs)]
+    if name == "scatter":
+        return [[inputs[r]] for r in range(world)]
+    if name.startswith("reduce_scatter"):
+        return [[sum(fulls)[4 * r:4 * (r + 1)]] for r in range(world)]
+    if name.startswith("all_to_all"):
+        return [[torch.cat([f[4 * r:4 * (r + 1)] for f in fulls])] for r in range(world)]
+    return [[] for _ in range(world)]
+
+
+def _flat_tensors(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat_tensors(v)]
+    return [value.reshape(-1)] if hasattr(value, "reshape") else []
+
+
+def check_async(ranks, name, impl="torch"):
+    import torch
+
+    salt, world = f"async/{name}", ranks.world_size
+    records = data.run_packed(ranks, bodies.async_on_rank, salt, name, impl=impl)
+    what = f"{name}(async_op=True) over {ranks.backend}"
+    problems = []
+    for rank, (record, wanted) in enumerate(zip(records, expected_async(name, salt, world))):
+        if record["work"] is None:
+            problems.append(f"rank {rank}: returned no work handle")
+            continue
+        for i, (got, want) in enumerate(zip(record["after_wait"], wanted)):
+            if (problem := data.same_bits(got, want)) is not None:
+                problems.append(f"rank {rank}: right after wait() returned, output {i} is not in place: {problem}")
+        if record["completed"] is not True:
+            problems.append(f"rank {rank}: is_completed() is {record['completed']!r} after wait()")
+        if "future_error" in record:
+            problems.append(f"rank {rank}: get_future() failed: {record['future_error']}")
+        elif wanted and name not in ("reduce", "gather"):  # their futures' values are not specified per rank
+            value = _flat_tensors(record["future"])
+            if not value or data.same_bits(torch.cat(value), torch.cat([t.reshape(-1) for t in wanted])):
+                problems.append(f"rank {rank}: get_future().wait() gives {record['future']!r}, not the output")
+    raise_problems(problems, what)
+
+
+@pytest.mark.parametrize("name", bodies.ASYNC_COLLECTIVES)
+def test_async(ranks, name):
+    check_async(ranks, name)
+
+
+def check_object_collectives(ranks, impl="torch"):
+    salt, world = "objects", ranks.world_size
+    results = data.run_packed(ranks, bodies.object_collectives_on_rank, salt, impl=impl)
+    problems = []
+    everyone = [bodies.rank_object(salt, r) for r in range(world)]
+
+    def expect(rank, form, got, want):
+        if got != want:
+            problems.append(f"rank {rank}: {form}: got {got!r}, expected {want!r}")
+
+    for rank, record in enumerate(results):
+        expect(rank, "all_gather_object", record["all_gather_object"], everyone)
+        for root in range(world):
+            if rank == root:
+                expect(rank, f"gather_object to dst {root}", record["gather_object"][root],
+                       [bodies.rank_object(f"{salt}/g{root}", r) for r in range(world)])
+            expect(rank, f"broadcast_object_list from src {root}", record["broadcast_object_list"][root],
+                   [bodies.rank_object(f"{salt}/b{root}/{i}", root) for i in range(3)])
+            expect(rank, f"scatter_object_list from src {root}", record["scatter_object_list"][root],
+                   bodies.rank_object(f"{salt}/s{root}", rank))
+    raise_problems(problems, f"object collectives over {ranks.backend}")
+
+
+def test_object_collectives(ranks):
+    check_object_collectives(ranks)
 
 
 def barrier_on_rank(ctx, round_id: int):
+    import os
     import time
+    from pathlib import Path
 
     import torch.distributed as dist
 
@@ -182,70 +392,6 @@ def barrier_on_rank(ctx, round_id: int):
     (marker_dir / f"rank{ctx.rank}").write_text(str(os.getpid()))
     dist.barrier()
     return sorted(p.name for p in marker_dir.iterdir())
-
-
-# -- tests ----------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("op, dtype_name", list(_reduce_cases()))
-def test_all_reduce(ranks, op, dtype_name):
-    numel = 33  # odd, so no backend can hide a bug behind vectorised halves
-    results = ranks.run(all_reduce_on_rank, op, dtype_name, numel)
-    inputs = [rank_input(r, numel, dtype_name, small=op == "PRODUCT") for r in range(ranks.world_size)]
-    assert_ranks_equal(results, expected_reduction(op, inputs),
-                       what=f"all_reduce({op}) on {dtype_name} over {ranks.backend}")
-
-
-@pytest.mark.parametrize("op", BITWISE_OPS)
-@pytest.mark.parametrize("dtype_name", [_dtype_param(d) for d in FLOAT_DTYPES])
-def test_all_reduce_rejects_undefined(ranks, op, dtype_name):
-    """Bitwise reductions of floating-point tensors have no meaning: every rank must get an error."""
-    errors = ranks.run(all_reduce_error_on_rank, op, dtype_name)
-    silent = [rank for rank, err in enumerate(errors) if err is None]
-    assert not silent, (f"all_reduce({op}) on {dtype_name} over {ranks.backend} returned a value on rank "
-                        f"{silent} instead of raising (bitwise ops are undefined on floating point)")
-
-
-@pytest.mark.parametrize("dtype_name", [_dtype_param(d) for d in ALL_DTYPES])
-def test_all_gather(ranks, dtype_name):
-    numel = 5
-    results = ranks.run(all_gather_on_rank, dtype_name, numel)
-    import torch
-
-    expected = torch.cat([rank_input(r, numel, dtype_name) for r in range(ranks.world_size)])
-    assert_ranks_equal([single for single, _ in results], expected,
-                       what=f"all_gather into one tensor on {dtype_name} over {ranks.backend}")
-    assert_ranks_equal([listed for _, listed in results], expected,
-                       what=f"all_gather into a tensor list on {dtype_name} over {ranks.backend}")
-
-
-@pytest.mark.parametrize("dtype_name", [_dtype_param(d) for d in FLOAT_DTYPES + INT_DTYPES])
-def test_reduce_scatter(ranks, dtype_name):
-    chunk, world = 3, ranks.world_size
-    results = ranks.run(reduce_scatter_on_rank, dtype_name, chunk)
-    total = expected_reduction("SUM", [rank_input(r, chunk * world, dtype_name) for r in range(world)])
-    assert_ranks_equal(results, list(total.split(chunk)),
-                       what=f"reduce_scatter(SUM) on {dtype_name} over {ranks.backend}")
-
-
-@pytest.mark.parametrize("dtype_name", [_dtype_param(d) for d in ALL_DTYPES])
-def test_all_to_all_uneven(ranks, dtype_name):
-    import torch
-
-    world = ranks.world_size
-    results = ranks.run(all_to_all_on_rank, dtype_name)
-    expected = [torch.cat([a2a_payload(src, dst, src + dst + 1, dtype_name) for src in range(world)])
-                for dst in range(world)]
-    assert_ranks_equal(results, expected,
-                       what=f"all_to_all_single with uneven splits on {dtype_name} over {ranks.backend}")
-
-
-@pytest.mark.parametrize("source", ["first", "last"])
-@pytest.mark.parametrize("dtype_name", [_dtype_param(d) for d in ALL_DTYPES])
-def test_broadcast(ranks, dtype_name, source):
-    src = 0 if source == "first" else ranks.world_size - 1
-    results = ranks.run(broadcast_on_rank, dtype_name, src, 7)
-    assert_ranks_equal(results, rank_input(src, 7, dtype_name),
-                       what=f"broadcast from rank {src} on {dtype_name} over {ranks.backend}")
 
 
 def test_barrier(ranks):

@@ -16,7 +16,7 @@ Four layers, from the bottom up, so that a failure names the smallest thing that
 * ``test_rejected[<program>]``: programs the checker must refuse, with the specific error.
 
 Every collective is reached through ``_collective_impls`` so the project's tests can substitute a
-broken one and show that these tests catch it. See the README, "Typed collectives and DTensor argmax/argmin".
+broken one and show that these tests catch it. See docs/suites.md, "Typed collectives and DTensor argmax/argmin".
 """
 
 from __future__ import annotations

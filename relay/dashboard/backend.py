@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, backend_or_404, context, iso, render
-from relay.levels import recommend, weekly_history
+from relay.level_review import recommend, weekly_history
 
 router = APIRouter()
 
@@ -74,7 +74,7 @@ def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
     target = backend_or_404(ctx, name)
     history = weekly_history(ctx.store, name, bars=ctx.bars)
     # The review is of the last week, the newest window of the history: no second read of the same runs.
-    recommendation, recommended_level, reason = recommend(target.level.value, history[-1], ctx.bars)
+    recommendation, recommended_level, reason = recommend(target.level, history[-1], ctx.bars)
     weeks = [
         Week(since=iso(w.since), until=iso(w.until), runs=w.runs, success_rate=w.success_rate,
              time_to_result_p50=w.time_to_result_p50, time_to_result_max=w.time_to_result_max)

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
-from relay.levels import review
+from relay.level_review import review
 
 router = APIRouter()
 
@@ -51,7 +51,7 @@ class Overview(BaseModel):
 
 
 def build(ctx: DashboardContext, limit: int) -> Overview:
-    reviews = review(ctx.store, [(t.name, t.level.value) for t in ctx.backends.values()], bars=ctx.bars)
+    reviews = review(ctx.store, [(t.name, t.level) for t in ctx.backends.values()], bars=ctx.bars)
     columns = [BackendColumn(name=r.backend, level=r.level, recommendation=r.recommendation,
                              recommended_level=r.recommended_level, reason=r.reason) for r in reviews]
     rows: dict[str, Row] = {}

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from relay.dashboard.backend import RunItem, run_item
 from relay.dashboard.rendering import DashboardContext, context, render
-from relay.store.test_results import FAILING_OUTCOMES
+from relay.store.per_test_results import FAILING_OUTCOMES
 
 router = APIRouter()
 

@@ -18,7 +18,8 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from relay.levels import Bars, bars_from_settings
+from relay.level_review import Bars, bars_from_settings
+from relay.trust import BackendTarget
 
 __all__ = ["DashboardContext", "STATIC_DIR", "context", "render"]
 
@@ -62,16 +63,16 @@ _env.filters.update(outcome_class=outcome_class, duration=duration, when=when, s
 @dataclasses.dataclass(frozen=True)
 class DashboardContext:
     store: Any
-    backends: dict[str, Any]  # visible (display_on_hud) backends by name: tiers.Target
-    hidden: tuple[str, ...]  # allowlisted but not shown (L1)
+    backends: dict[str, BackendTarget]  # the backends shown on the dashboard, by name
+    hidden: tuple[str, ...]  # allowlisted but not shown (L1 in the levels table)
     bars: Bars
     upstream: str
 
 
 def context(request: Request) -> DashboardContext:
     state = request.app.state
-    visible = {t.name: t for t in state.allowlist if t.switches.display_on_hud}
-    hidden = tuple(t.name for t in state.allowlist if not t.switches.display_on_hud)
+    visible = {t.name: t for t in state.allowlist if t.on_dashboard}
+    hidden = tuple(t.name for t in state.allowlist if not t.on_dashboard)
     return DashboardContext(state.store, visible, hidden, bars_from_settings(state.settings), state.settings.upstream_repo)
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
 from relay.store.base import utcnow
-from relay.store.test_results import FAILING_OUTCOMES
+from relay.store.per_test_results import FAILING_OUTCOMES
 
 router = APIRouter()
 

@@ -2,14 +2,17 @@
 
 Module map (one concept each): ``deliveries`` (accepted webhooks, the dedupe key), ``dispatches`` (the
 outbox and its state machine), ``pull_requests`` (labels per PR), ``backends`` (the allowlist as
-synced), ``base`` (declarative base), ``models`` (every table), ``database`` (engine, URL, migrations),
-``store`` (:class:`Store`: the operations, one transaction each), ``group_commit`` (intake's writer
-thread: one transaction for every webhook pending). Migrations live in ``migrations/`` and run at
-every start-up.
+synced), ``runs`` (one row per downstream run), ``per_test_results`` (one row per test of a finished
+run), ``reported_states`` (what reporting last wrote upstream), ``callback_nonces`` (expired nonces),
+``rerun_requests`` (handled re-run requests); ``base`` (declarative base), ``models`` (every table),
+``database`` (engine, URL, migrations), ``store`` (:class:`Store`: the intake and dispatch operations,
+one transaction each), ``results_operations`` (the results side's operations, mixed into ``Store``),
+``group_commit`` (intake's writer thread: one transaction for every webhook pending), ``errors``
+(:class:`StoreUnavailable`). Migrations live in ``migrations/`` and run at every start-up.
 
-To add a concept (part 2: runs, test results): a new module with its table(s) subclassing ``Base`` and
-functions taking a ``Session``; import it in ``models.py``; add ``migrations/versions/0002_<name>.py``
-with ``down_revision = "0001"``; expose its operations as ``Store`` methods.
+To add a concept: a new module with its table(s) subclassing ``Base`` and functions taking a
+``Session``; import it in ``models.py``; add ``migrations/versions/<next>_<name>.py`` whose
+``down_revision`` is the newest revision; expose its operations as ``Store`` methods.
 
 The re-exports below are imported on first use, so a module that needs one table (or the ``relay``
 command's argument parser) does not load the whole store, Alembic included.
@@ -29,6 +32,7 @@ _EXPORTS = {
     "NewDispatch": "relay.store.dispatches",
     "PullRequestSnapshot": "relay.store.pull_requests",
     "Store": "relay.store.store",
+    "StoreRefused": "relay.store.errors",
     "StoreUnavailable": "relay.store.store",
 }
 

@@ -2,18 +2,23 @@
 
 Written at start-up (``Store.sync_backends``) from the backend descriptors' ``relay`` sections; a
 backend whose descriptor lost its relay section is kept but marked inactive, so its past dispatches
-still name a known backend. Read by the dashboard and reporting (part 2).
+still name a known backend. Read by tests and by
+anyone inspecting the database; the running relay works from the descriptors it loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Boolean, DateTime, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
+
+if TYPE_CHECKING:
+    from relay.trust import BackendTarget
 
 __all__ = ["BackendRecord", "BackendRow"]
 
@@ -38,8 +43,8 @@ class BackendRecord:
     active: bool = True
 
 
-def sync(session: Session, records: list[BackendRecord], now: dt.datetime) -> None:
-    current = {r.name: r for r in records}
+def sync(session: Session, targets: list[BackendTarget], now: dt.datetime) -> None:
+    current = {t.name: BackendRecord(t.name, t.repository, t.level.value, t.label) for t in targets}
     for row in session.scalars(select(BackendRow).with_for_update()):
         record = current.pop(row.name, None)
         if record is None:

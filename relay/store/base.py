@@ -1,7 +1,7 @@
 """Declarative base shared by every table of the store.
 
-Imported by each concept module (``deliveries``, ``dispatches``, ``pull_requests``, ``backends``) and by
-the Alembic environment. A new concept (part 2: runs, test results) adds a module that subclasses
+Imported by each concept module (``deliveries``, ``dispatches``, ``runs``, ...) and by the Alembic
+environment. A new concept adds a module that subclasses
 :class:`Base`, is imported in ``relay/store/models.py``, and ships a new migration under ``migrations/versions``.
 """
 

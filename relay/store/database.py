@@ -10,11 +10,19 @@ locked" when a read transaction later tries to write. ``synchronous=FULL`` fsync
 commit, so a webhook answered 2xx survives a power loss too (``NORMAL`` would survive a crash of the
 process but could lose the last commits on power loss); intake's group commit pays one fsync per batch
 of webhooks, not one per webhook.
+
+Every wait on the database is bounded by the store's deadline (``RELAY_STORE_DEADLINE_SECONDS``), so a
+stuck database turns into an error the caller can answer 503 with, never into a hung request: SQLite's
+busy timeout; on PostgreSQL the connect timeout, ``statement_timeout`` and ``lock_timeout`` (enforced
+by the server) and TCP keepalives (a vanished server breaks the connection instead of hanging it); the
+pool's wait for a free connection. A *frozen* server (SIGSTOP, a stalled disk) enforces none of its own
+timeouts, which is why intake and ``/healthz`` also put a deadline on their wait (see ``Store``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 from alembic import command
@@ -39,7 +47,8 @@ def normalise_url(url: str) -> URL:
     return parsed
 
 
-def create_store_engine(url: str) -> Engine:
+def create_store_engine(url: str, deadline_seconds: float = 5.0) -> Engine:
+    """The engine for ``url``; no connection attempt, statement or lock wait lasts past ``deadline_seconds``."""
     parsed = normalise_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -48,18 +57,40 @@ def create_store_engine(url: str) -> Engine:
         Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             parsed,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": deadline_seconds},
             pool_size=16,
             max_overflow=32,
+            pool_timeout=deadline_seconds,
         )
-        _tune_sqlite(engine)
+        _tune_sqlite(engine, deadline_seconds)
         return engine
     if backend == "postgresql":
-        return create_engine(parsed, pool_size=16, max_overflow=32, pool_pre_ping=True)
+        engine = create_engine(
+            parsed, pool_size=16, max_overflow=32, pool_pre_ping=True, pool_timeout=deadline_seconds,
+            connect_args={
+                # libpq counts whole seconds and treats 1 as 2.
+                "connect_timeout": max(2, math.ceil(deadline_seconds)),
+                "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 2,
+            },
+        )
+        _tune_postgresql(engine, deadline_seconds)
+        return engine
     raise ValueError(f"RELAY_DATABASE_URL: unsupported database {backend!r}; use sqlite:/// or postgresql://")
 
 
-def _tune_sqlite(engine: Engine) -> None:
+def _tune_postgresql(engine: Engine, deadline_seconds: float) -> None:
+    milliseconds = max(1, int(deadline_seconds * 1000))
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        # SET rather than the ``options`` connection parameter: a URL may carry its own options.
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET statement_timeout = {milliseconds}")
+            cursor.execute(f"SET lock_timeout = {milliseconds}")
+        dbapi_connection.commit()
+
+
+def _tune_sqlite(engine: Engine, deadline_seconds: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):
         # Hand transaction control to SQLAlchemy's "begin" event below.
@@ -68,7 +99,7 @@ def _tune_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=FULL")  # see the module docstring: durable across power loss
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={max(1, int(deadline_seconds * 1000))}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -83,6 +114,10 @@ def run_migrations(engine: Engine) -> None:
     with engine.connect() as connection:
         lock = engine.dialect.name == "postgresql"
         if lock:
+            # Another process may be migrating, and a migration may take long: no deadline on this
+            # connection (it is discarded afterwards, so the pool never hands out its settings).
+            connection.execute(text("SET statement_timeout = 0"))
+            connection.execute(text("SET lock_timeout = 0"))
             connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
             connection.commit()
         try:
@@ -95,3 +130,4 @@ def run_migrations(engine: Engine) -> None:
                     connection.rollback()
                     connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
                     connection.commit()
+                connection.invalidate()

@@ -1,7 +1,7 @@
 """Every table of the store, imported in one place so that ``Base.metadata`` is complete.
 
 Read by the Alembic environment and by tests that compare the migrated schema with the models.
-Part 2 adds its concept modules (runs, test results) to this list.
+A new concept module adds its table class here.
 """
 
 from relay.store.backends import BackendRow
@@ -10,12 +10,15 @@ from relay.store.deliveries import Delivery
 from relay.store.dispatches import Dispatch
 from relay.store.pull_requests import PullRequest
 from relay.store.callback_nonces import ExpiredNonceRow
+from relay.store.credential_gates import CredentialGateRow
+from relay.store.probes import StoreProbe
+from relay.store.quarantine import QuarantinedRow
 from relay.store.reported_states import ReportedStateRow
 from relay.store.rerun_requests import RerunRequestRow
 from relay.store.runs import RunRow
-from relay.store.test_results import TestResultRow
+from relay.store.per_test_results import TestResultRow
 
 __all__ = [
-    "BackendRow", "Base", "Delivery", "Dispatch", "ExpiredNonceRow", "PullRequest", "RerunRequestRow",
-    "ReportedStateRow", "RunRow", "TestResultRow",
+    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "PullRequest",
+    "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "RunRow", "StoreProbe", "TestResultRow",
 ]

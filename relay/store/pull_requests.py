@@ -2,7 +2,7 @@
 
 Written by intake from every ``pull_request`` event, in the delivery's transaction: each event carries
 the PR's full label set, and the newest snapshot (by the PR's own ``updated_at``) wins, so deliveries
-arriving out of order cannot bring back a removed label. Read by routing and, in part 2, by reporting
+arriving out of order cannot bring back a removed label. Read by routing and by reporting
 (an L3 backend's check is shown only while its label is on the PR).
 """
 

@@ -2,7 +2,7 @@
 
 Written by adoption (``adopt``: a sent dispatch that starts a run gets a ``dispatched`` row; a
 ``pull_request.closed`` dispatch cancels that PR's open runs), by callbacks (``bind`` then a state
-change decided by :mod:`relay.runs`) and by the sweeper (time-outs). Read by reporting, re-runs, the
+change decided by :mod:`relay.run_states`) and by the sweeper (time-outs). Read by reporting, re-runs, the
 level review and the dashboard. The downstream run id and attempt are unknown until the first
 callback: the ``dispatched`` row has them NULL and the first callback binds them.
 """
@@ -18,12 +18,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.runs import FINAL_STATES, RunState, execution_seconds, queue_seconds
+from relay.run_states import FINAL_STATES, RunState, TransitionRefused, execution_seconds, queue_seconds
+from relay.store import quarantine
 from relay.store.base import Base
 from relay.store.deliveries import Delivery
 from relay.store.dispatches import Dispatch, DispatchState
 
-__all__ = ["RunRow", "RunView", "starts_a_run"]
+__all__ = ["ADOPTION", "TIME_OUTS", "RunRow", "RunView", "starts_a_run"]
+
+# Quarantine worker names of the passes below.
+ADOPTION = "adoption"
+TIME_OUTS = "time_outs"
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
 _OPEN = (RunState.dispatched.value, RunState.in_progress.value)
@@ -143,24 +148,34 @@ def _title(session: Session, delivery_id: str) -> str | None:
     return _title_of(session.scalar(select(Delivery.summary).where(Delivery.delivery_id == delivery_id)))
 
 
-def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[list[int], list[int]]:
+def adopt(session: Session, now: dt.datetime, since: dt.datetime, limit: int = 500) -> tuple[list[int], list[int]]:
     """Give every sent run-starting dispatch (sent after ``since``) its ``dispatched`` row; cancel the
-    open runs of PRs whose ``closed`` event was dispatched. Returns the ids of (adopted, cancelled) runs."""
+    open runs of PRs whose ``closed`` event was dispatched. Returns the ids of (adopted, cancelled) runs.
+
+    Row by row (see :func:`quarantine.each_row`): a dispatch whose run cannot be written is quarantined
+    as ``adoption`` / ``dispatch <id>`` and skipped from then on; at most ``limit`` per pass, oldest first.
+    """
     no_run = ~exists().where(RunRow.dispatch_id == Dispatch.id)
+    set_aside = [int(s.split()[-1]) for s in quarantine.keys(session, ADOPTION)]
     # Each dispatch with its delivery's summary (the PR title), in one query rather than one per dispatch.
-    candidates = session.execute(
+    query = (
         select(Dispatch, Delivery.summary).outerjoin(Delivery, Delivery.delivery_id == Dispatch.delivery_id)
         .where(Dispatch.state == DispatchState.sent, Dispatch.sent_at >= since, no_run)
-        .order_by(Dispatch.id)
-    ).all()
-    adopted: list[RunRow] = []
-    cancelled: list[RunRow] = []
-    for dispatch, summary in candidates:
+    )
+    if set_aside:
+        query = query.where(Dispatch.id.not_in(set_aside))
+    candidates = session.execute(query.order_by(Dispatch.id).limit(limit)).all()
+    adopted: list[int] = []
+    cancelled: list[int] = []
+
+    def adopt_one(candidate) -> None:
+        dispatch, summary = candidate
         payload = dispatch.client_payload or {}
         if starts_a_run(payload):
             row = _new_row(dispatch, _title_of(summary), dispatch.sent_at or now, now)
             session.add(row)
-            adopted.append(row)
+            session.flush()
+            adopted.append(row.id)
         elif payload.get("event") == "pull_request" and payload.get("action") == "closed":
             number = (payload.get("pull_request") or {}).get("number")
             open_runs = session.scalars(
@@ -174,18 +189,38 @@ def adopt(session: Session, now: dt.datetime, since: dt.datetime) -> tuple[list[
                 run.state, run.reason, run.finished_at, run.updated_at = (
                     RunState.cancelled.value, "pull_request_closed", now, now,
                 )
-                cancelled.append(run)
-    session.flush()
-    return [r.id for r in adopted], [r.id for r in cancelled]
+            session.flush()
+            cancelled.extend(run.id for run in open_runs)
+
+    quarantine.each_row(session, ADOPTION, ((f"dispatch {c[0].id}", c) for c in candidates), adopt_one, now)
+    return adopted, cancelled
 
 
 def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, now: dt.datetime) -> RunRow:
     """The row of (dispatch, run id, attempt): the matching row, else the dispatch's unbound
-    ``dispatched`` row, else a new row (a later attempt). The caller holds the dispatch's lock."""
+    ``dispatched`` row, else a new row (a later attempt). The caller holds the dispatch's lock.
+
+    A dispatch's nonce binds the one downstream run that first called back with it: another run id
+    raises ``TransitionRefused("nonce_bound_to_other_run")``, and an attempt of the bound run that is not
+    later than every known attempt raises ``TransitionRefused("attempt_not_later")``.
+    """
     rows = session.scalars(select(RunRow).where(RunRow.dispatch_id == dispatch.id).order_by(RunRow.id)).all()
     for row in rows:
         if row.run_id == run_id and row.run_attempt == run_attempt:
             return row
+    bound = [row for row in rows if row.run_id is not None]
+    if bound and bound[0].run_id != run_id:
+        raise TransitionRefused(
+            "nonce_bound_to_other_run",
+            f"the nonce of dispatch {dispatch.id} (delivery {dispatch.delivery_id}) is bound to downstream run "
+            f"{bound[0].run_id}; run {run_id} cannot report with it (each dispatch starts one run)",
+        )
+    if bound and run_attempt <= max(row.run_attempt or 0 for row in bound):
+        raise TransitionRefused(
+            "attempt_not_later",
+            f"run {run_id} attempt {run_attempt} is not later than attempt "
+            f"{max(row.run_attempt or 0 for row in bound)} already reported for dispatch {dispatch.id}",
+        )
     for row in rows:
         if row.run_id is None:
             if row.state not in _FINAL:

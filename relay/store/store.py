@@ -1,33 +1,38 @@
 """The store's operations, one transaction each: the only way the rest of the relay reaches SQL.
 
 Triggered by intake (``submit_delivery``: group commit, see ``group_commit``), the dispatcher (``claim_dispatches``, ``finish_dispatch``),
-start-up (``migrate``, ``sync_backends``) and observability (``ping``, ``outbox_depth``). Database
+start-up (``migrate``, ``sync_backends``) and observability (``probe``, ``outbox_depth``). Database
 errors surface as :class:`StoreUnavailable`, so callers can answer 503 without knowing SQLAlchemy.
+
+Every wait is bounded by ``deadline_seconds``: the engine's timeouts (see ``database``), this process's
+SQLite write lock, and the wait of intake and ``/healthz`` on their writes, which holds even when the
+database itself is frozen and no timeout of its own fires.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.store import backends, deliveries, dispatches, pull_requests
+from relay.store import backends, deliveries, dispatches, probes, pull_requests
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
-from relay.store.errors import StoreUnavailable, describe, guarded
+from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
 from relay.store.group_commit import GroupCommitter, WriterClosed
-from relay.store.results import ResultsOperations
+from relay.store.results_operations import ResultsOperations
 
-__all__ = ["Store", "StoreUnavailable"]
+if TYPE_CHECKING:
+    from relay.trust import BackendTarget
+
+__all__ = ["Store", "StoreRefused", "StoreUnavailable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,22 +47,45 @@ _DELIVERY_FIELDS = tuple(f.name for f in dataclasses.fields(deliveries.NewDelive
 
 
 class Store(ResultsOperations):
-    """Store(url): a database (SQLite file or PostgreSQL) holding deliveries, the outbox, PRs, backends."""
+    """Store(url, deadline_seconds=5): a database (SQLite file or PostgreSQL) holding deliveries, the
+    outbox, PRs, backends; no wait on it lasts past ``deadline_seconds``."""
 
-    def __init__(self, url: str):
-        self.engine = create_store_engine(url)
+    def __init__(self, url: str, *, deadline_seconds: float = 5.0):
+        self.deadline_seconds = deadline_seconds
+        self.engine = create_store_engine(url, deadline_seconds)
         self.safe_url = normalise_url(url).render_as_string(hide_password=True)
         self.dialect = self.engine.dialect.name
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time and every transaction here takes the write lock (BEGIN
         # IMMEDIATE); queueing the threads of this process on a lock is fair and prompt, where SQLite's
         # busy handler sleeps and retries (tens of ms per wait under load).
-        self._writer = threading.Lock() if self.dialect == "sqlite" else contextlib.nullcontext()
+        self._writer = threading.Lock() if self.dialect == "sqlite" else None
         self._intake = GroupCommitter(self._write_deliveries)
+        # Health checks run here, one at a time: a check stuck on a frozen database is waited for
+        # (up to the deadline) by later checks instead of each stranding a thread of its own.
+        self._probe_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-store-probe")
+        self._probe_lock = threading.Lock()
+        self._probe_pending: concurrent.futures.Future | None = None
+
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        """This process's SQLite write lock, waited for no longer than the deadline (no-op on PostgreSQL)."""
+        if self._writer is None:
+            yield
+            return
+        if not self._writer.acquire(timeout=self.deadline_seconds):
+            raise StoreUnavailable(
+                f"store {self.safe_url} unavailable: its write lock was busy for {self.deadline_seconds:g}s "
+                "(RELAY_STORE_DEADLINE_SECONDS)"
+            )
+        try:
+            yield
+        finally:
+            self._writer.release()
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
-        with self._writer, self._sessions() as session, session.begin():
+        with self._write_lock(), self._sessions() as session, session.begin():
             yield session
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -70,8 +98,30 @@ class Store(ResultsOperations):
         with self.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
 
+    def probe(self) -> None:
+        """Write the probe row within the deadline, or raise :class:`StoreUnavailable` saying why."""
+        with self._probe_lock:
+            if self._probe_pending is None or self._probe_pending.done():
+                self._probe_pending = self._probe_pool.submit(self._write_probe)
+            pending = self._probe_pending
+        try:
+            pending.result(timeout=self.deadline_seconds)
+        except concurrent.futures.TimeoutError:
+            raise StoreUnavailable(
+                f"store {self.safe_url} cannot be written: a write has not finished within "
+                f"{self.deadline_seconds:g}s (RELAY_STORE_DEADLINE_SECONDS)"
+            ) from None
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(f"store {self.safe_url} cannot be written: {exc}") from exc
+
+    @guarded
+    def _write_probe(self) -> None:
+        with self._transaction() as session:
+            probes.write(session, utcnow())
+
     def close(self) -> None:
         self._intake.close()  # pending webhooks are committed (and answered) first
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
         self.engine.dispose()
 
     # --- intake ---------------------------------------------------------------------------------
@@ -85,8 +135,10 @@ class Store(ResultsOperations):
 
         The future resolves once they are committed: True (stored), False (this delivery id was already
         stored, or an earlier copy is in the same batch: nothing of this copy is written), or it raises
-        :class:`StoreUnavailable` (nothing written) or ``IntegrityError`` (another constraint refused
-        this webhook's rows; the other webhooks of the batch are committed without it).
+        :class:`StoreUnavailable` (nothing written) or :class:`StoreRefused` (the database refused this
+        webhook's rows; the other webhooks of the batch are committed without it). The caller bounds its
+        wait (``deadline_seconds``) and cancels the future when it gives up: a write not yet started is
+        then dropped.
         """
         write = _IntakeWrite(delivery, tuple(new_dispatches), pull_request, utcnow())
         try:
@@ -104,17 +156,23 @@ class Store(ResultsOperations):
         return self.submit_delivery(delivery, new_dispatches, pull_request).result()
 
     def _write_deliveries(self, writes: Sequence[_IntakeWrite]) -> list[Any]:
-        """One transaction for the batch; on a constraint failure, each webhook alone (to find the culprit)."""
+        """One transaction for the batch. If the database cannot answer, every webhook hears
+        :class:`StoreUnavailable`; if it refuses anything else (a constraint, a value out of range, an
+        error of our own), each webhook is written alone, so only the culprit fails."""
         try:
-            with self._writer, self.engine.begin() as connection:
+            with self._write_lock(), self.engine.begin() as connection:
                 return self._insert_deliveries(connection, writes)
-        except sa_exc.IntegrityError as exc:
-            if len(writes) == 1:
-                return [exc]
-            return [outcome for write in writes for outcome in self._write_deliveries([write])]
-        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
-            message = f"store {self.safe_url} unavailable: {describe(exc)}"
-            return [StoreUnavailable(message) for _ in writes]
+        except StoreUnavailable as exc:
+            return [exc for _ in writes]
+        except Exception as exc:  # noqa: BLE001 - whatever refused the batch, the neighbours must not pay
+            if is_outage(exc):
+                message = f"store {self.safe_url} unavailable: {describe(exc)}"
+                return [StoreUnavailable(message) for _ in writes]
+            if len(writes) > 1:
+                return [outcome for write in writes for outcome in self._write_deliveries([write])]
+            refused = StoreRefused(f"delivery {writes[0].delivery.delivery_id}: the database refused its rows: {describe(exc)}")
+            refused.__cause__ = exc
+            return [refused]
 
     @staticmethod
     def _insert_deliveries(connection: Connection, writes: Sequence[_IntakeWrite]) -> list[bool]:
@@ -193,9 +251,10 @@ class Store(ResultsOperations):
 
     # --- backends -------------------------------------------------------------------------------
     @guarded
-    def sync_backends(self, records: Sequence[backends.BackendRecord]) -> None:
+    def sync_backends(self, targets: Sequence[BackendTarget]) -> None:
+        """Record the allowlist as loaded; backends no longer in it are kept, inactive."""
         with self._transaction() as session:
-            backends.sync(session, list(records), utcnow())
+            backends.sync(session, list(targets), utcnow())
 
     @guarded
     def backends(self) -> list[backends.BackendRecord]:

@@ -7,12 +7,19 @@ cache fetches keys exactly as from ``token.actions.githubusercontent.com`` (poin
 claims GitHub sets (repository, run_id, run_attempt, ...); keyword arguments override or add claims,
 ``kid``/``key``/``algorithm`` forge bad ones, ``omit`` drops claims. ``rotate()`` publishes a new key (old ones stay served).
 ``jwks_requests`` counts key fetches.
+
+It also plays the runner's token service: ``actions_token_env(repository, run_id=..)`` returns the
+``ACTIONS_ID_TOKEN_REQUEST_URL``/``_TOKEN`` pair a job sees; ``GET`` of that URL with
+``Authorization: bearer <request token>`` and ``&audience=...`` answers ``{"value": <token>}`` minted
+for that repository and run (``token_requests`` records each audience asked for).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -34,7 +41,17 @@ class FakeOidcIssuer(LoopbackServer):
         self.keys: dict[str, Any] = {}
         self.current_kid = ""
         self.jwks_requests = 0
+        self.token_requests: list[str] = []
+        self._actions: dict[str, dict[str, Any]] = {}  # request token -> the job it stands for
         self.rotate()
+
+    def actions_token_env(self, repository: str, *, run_id: int = 1001, run_attempt: int = 1,
+                          **claims: Any) -> dict[str, str]:
+        """The token-request environment of a job of ``repository`` (what ``id-token: write`` gives it)."""
+        request_token = secrets.token_urlsafe(24)
+        self._actions[request_token] = dict(repository=repository, run_id=run_id, run_attempt=run_attempt, **claims)
+        return {"ACTIONS_ID_TOKEN_REQUEST_URL": f"{self.url}/actions/id-token?api-version=2.0",
+                "ACTIONS_ID_TOKEN_REQUEST_TOKEN": request_token}
 
     def rotate(self) -> str:
         """Publish a new signing key and sign with it from now on; returns its key id."""
@@ -77,6 +94,8 @@ class FakeOidcIssuer(LoopbackServer):
                 pass
 
             def do_GET(self):
+                if self.path.startswith("/actions/id-token?"):
+                    return self._actions_token()
                 if self.path == "/.well-known/openid-configuration":
                     body = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/.well-known/jwks"}
                 elif self.path == "/.well-known/jwks":
@@ -89,6 +108,22 @@ class FakeOidcIssuer(LoopbackServer):
                     return
                 data = json.dumps(body).encode()
                 self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _actions_token(self):
+                query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                scheme, _, request_token = self.headers.get("Authorization", "").partition(" ")
+                job = issuer._actions.get(request_token) if scheme.lower() == "bearer" else None
+                if job is None or "audience" not in query:
+                    status, body = 401 if job is None else 400, {"message": "bad request token or no audience"}
+                else:
+                    issuer.token_requests.append(query["audience"])
+                    status, body = 200, {"value": issuer.mint(audience=query["audience"], **job)}
+                data = json.dumps(body).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

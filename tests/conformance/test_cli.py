@@ -39,7 +39,7 @@ def test_run_exits_non_zero_when_a_known_failure_is_not_declared(tmp_path):
     data["known_failures"] = []
     (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
     result = conformance("run", "--suite", "collectives", "--backends-dir", str(tmp_path), "--report", "r.json",
-                         "--", "-k", "PREMUL_SUM and float32", cwd=tmp_path)
+                         "--", "-k", "test_all_reduce and PREMUL_SUM and float32", cwd=tmp_path)
     assert result.returncode == 1
     report = validate_report(json.loads((tmp_path / "r.json").read_text()))
     assert report.summary.failed == 1

@@ -27,7 +27,7 @@ GOOD = {
 
 def test_committed_schema_is_the_generated_one():
     committed = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json").read_text())
-    assert committed == report_schema(), "regenerate schemas/report.schema.json (see README, 'Report schema')"
+    assert committed == report_schema(), "regenerate schemas/report.schema.json (see docs/suite-authors.md, 'The JSON report')"
     assert schema_path().name == "report.schema.json"
 
 
@@ -50,3 +50,31 @@ def test_bad_reports_are_refused_naming_the_problem(mutate, expected):
     with pytest.raises(ReportValidationError) as info:
         validate_report(data)
     assert expected in str(info.value)
+
+
+def test_write_report_is_atomic(tmp_path, monkeypatch):
+    from conformance.report import ConformanceReport, load_report, write_report
+
+    good = ConformanceReport.model_validate(json.loads(json.dumps(_REPORT_FOR_WRITE)))
+    path = tmp_path / "out" / "report.json"
+    write_report(good, path)
+    assert load_report(path).summary.total == 0
+
+    # A write that dies half-way leaves the previous report whole and no temporary file behind.
+    def fail(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.fsync", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(good.model_copy(update={"events": ["second"]}), path)
+    assert load_report(path).events == []
+    assert sorted(p.name for p in path.parent.iterdir()) == ["report.json"]
+
+
+_REPORT_FOR_WRITE = {
+    "backend": {"name": "cpu", "device_type": "cpu", "distributed_backend": "gloo", "world_size": 2, "capabilities": {}},
+    "torch": {"version": "2.13.0", "git_version": "abc"},
+    "host": {"python": "3.11", "platform": "linux", "cpu": "x86_64"},
+    "started_at": "2024-05-01T10:00:00Z", "finished_at": "2024-05-01T10:05:00Z",
+    "summary": {"total": 0}, "tests": [],
+}

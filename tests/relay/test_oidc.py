@@ -8,15 +8,16 @@ import time
 import pytest
 
 from conformance.descriptors import TrustLevel
-from relay.oidc import AuthError, CallbackTarget, CallerAuth, JwksCache, OidcVerifier, load_callback_targets
+from relay.oidc import AuthError, CallerAuth, JwksCache, OidcVerifier
+from relay.trust import BackendTarget, load_allowlist
 from relay.testing.oidc_issuer import new_rsa_key
 from tests.relay.results_fixtures import oidc_issuer, results_backends  # noqa: F401 (fixtures)
 from tests.relay.results_support import AUDIENCE, TOKENS
 
 TARGETS = (
-    CallbackTarget("l1", "org/l1-ci", TrustLevel.L1, hashlib.sha256(TOKENS["l1"].encode()).hexdigest()),
-    CallbackTarget("l2", "org/l2-ci", TrustLevel.L2, hashlib.sha256(TOKENS["l2"].encode()).hexdigest()),
-    CallbackTarget("l4", "Org/L4-CI", TrustLevel.L4, None),
+    BackendTarget("l1", "org/l1-ci", TrustLevel.L1, "ciflow/crcr/l1", hashlib.sha256(TOKENS["l1"].encode()).hexdigest()),
+    BackendTarget("l2", "org/l2-ci", TrustLevel.L2, "ciflow/crcr/l2", hashlib.sha256(TOKENS["l2"].encode()).hexdigest()),
+    BackendTarget("l4", "Org/L4-CI", TrustLevel.L4, "ciflow/crcr/l4", None),
 )
 
 
@@ -154,6 +155,6 @@ def test_oidc_off_without_audience():
 
 
 def test_targets_load_token_digests_from_descriptors(results_backends):  # noqa: F811
-    targets = {t.name: t for t in load_callback_targets(results_backends)}
+    targets = {t.name: t for t in load_allowlist(results_backends)}
     assert targets["l3"].level is TrustLevel.L3
-    assert targets["l3"].token_sha256 == hashlib.sha256(TOKENS["l3"].encode()).hexdigest()
+    assert targets["l3"].callback_token_sha256 == hashlib.sha256(TOKENS["l3"].encode()).hexdigest()

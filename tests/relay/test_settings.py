@@ -131,3 +131,14 @@ def test_cli_refuses_an_unreachable_database(tmp_path):
 def test_cli_help_lists_subcommands():
     result = _relay_cli("--help")
     assert result.returncode == 0 and "serve" in result.stdout
+
+
+def test_yaml_syntax_error_names_the_line_but_never_echoes_its_text(env, tmp_path):
+    config = tmp_path / "relay.yaml"
+    config.write_text("github_token: t\nwebhook_secrets: [hunter2-very-secret\nupstream_repo: org/up: x\n")
+    env(RELAY_CONFIG_FILE=str(config))
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    message = str(raised.value)
+    assert "is not valid YAML" in message and "line 2" in message and "column" in message
+    assert "hunter2" not in message and "org/up" not in message

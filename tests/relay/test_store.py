@@ -10,6 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from relay.store import BackendRecord, NewDispatch, PullRequestSnapshot, Store
+from relay.trust import BackendTarget, TrustLevel
 from relay.store.models import Base
 from tests.relay.helpers import new_delivery, new_dispatches
 
@@ -27,12 +28,12 @@ def test_delivery_and_dispatches_are_written_together(store):
 
 
 def test_a_failed_write_leaves_nothing_behind(store):
-    from sqlalchemy.exc import IntegrityError
+    from relay.store import StoreRefused
 
     store.record_delivery(new_delivery("d1"), new_dispatches("d1"))
     # The second delivery reuses a nonce: its dispatch insert fails, and so must its delivery row.
     clash = [NewDispatch(backend="a", repository="org/a", event_type="push", client_payload={}, nonce="d1-a")]
-    with pytest.raises(IntegrityError):
+    with pytest.raises(StoreRefused, match="delivery d2: the database refused its rows"):
         store.record_delivery(new_delivery("d2"), clash)
     assert store.delivery("d2") is None
     assert len(store.dispatches()) == 2
@@ -89,8 +90,9 @@ def test_outbox_depth_counts_states(store):
 
 
 def test_backends_sync_marks_removed_ones_inactive(store):
-    store.sync_backends([BackendRecord("a", "org/a", "L1", "ciflow/crcr/a"), BackendRecord("b", "org/b", "L3", "x")])
-    store.sync_backends([BackendRecord("b", "org/b2", "L4", "x")])
+    store.sync_backends([BackendTarget("a", "org/a", TrustLevel.L1, "ciflow/crcr/a"),
+                         BackendTarget("b", "org/b", TrustLevel.L3, "x")])
+    store.sync_backends([BackendTarget("b", "org/b2", TrustLevel.L4, "x")])
     assert store.backends() == [BackendRecord("a", "org/a", "L1", "ciflow/crcr/a", active=False),
                                 BackendRecord("b", "org/b2", "L4", "x", active=True)]
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: part 1 of the relay
+Create Date: the intake side of the relay
 """
 
 import sqlalchemy as sa

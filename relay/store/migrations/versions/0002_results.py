@@ -2,7 +2,7 @@
 
 Revision ID: 0002
 Revises: 0001
-Create Date: part 2 of the relay
+Create Date: the results side of the relay
 """
 
 import sqlalchemy as sa

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from relay.levels import Bars, recommend, week_stats
+from relay.level_review import Bars, recommend, week_stats
 from relay.store.runs import RunView
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 

@@ -6,8 +6,9 @@ import pytest
 
 from conformance.descriptors import DescriptorError, TrustLevel, packaged_backends_dir
 from relay.events import normalise
-from relay.tiers import LEVELS, DisplayOnPR, Switches, Target, load_allowlist, route, shows_on_pr
+from relay.trust import LEVELS, BackendTarget, DisplayOnPR, Switches, load_allowlist, route
 from tests.relay.helpers import pr_payload, push_payload, write_backend
+from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 
 
 def test_level_table_matches_rfc_0050():
@@ -23,7 +24,7 @@ def test_level_table_matches_rfc_0050():
 def test_allowlist_reads_relay_sections_with_default_labels(backends_dir):
     targets = {t.name: t for t in load_allowlist(backends_dir)}
     assert sorted(targets) == ["l1", "l2", "l3", "l4"]  # "local" has no relay section
-    assert targets["l3"] == Target("l3", "org/l3-ci", TrustLevel.L3, "ciflow/crcr/l3")
+    assert targets["l3"] == BackendTarget("l3", "org/l3-ci", TrustLevel.L3, "ciflow/crcr/l3")
 
 
 def test_packaged_descriptors_allowlist_nothing():
@@ -64,16 +65,29 @@ def test_routing_rules(backends_dir):
     assert route(normalise("push", "d", push_payload()), ()) == ([], "no backend in the allowlist forwards events")
 
 
-def test_display_on_pr_per_level():
-    def target(level):
-        return Target("npu", "org/npu-ci", level, "ciflow/crcr/npu")
+def target(level):
+    return BackendTarget("npu", "org/npu-ci", level, "ciflow/crcr/npu")
 
-    for labels in ((), ("ciflow/crcr/npu",)):
-        assert not shows_on_pr(target(TrustLevel.L1), labels)
-        assert not shows_on_pr(target(TrustLevel.L2), labels)
-        assert shows_on_pr(target(TrustLevel.L4), labels)
-    assert not shows_on_pr(target(TrustLevel.L3), ())
-    assert shows_on_pr(target(TrustLevel.L3), ("bug", "ciflow/crcr/npu"))
+
+def test_display_on_pr_per_level():
+    for labels in ((), ("ciflow/crcr/npu",), None):
+        assert not target(TrustLevel.L1).shows_on_pr(labels)
+        assert not target(TrustLevel.L2).shows_on_pr(labels)
+        assert target(TrustLevel.L4).shows_on_pr(labels)
+    assert not target(TrustLevel.L3).shows_on_pr(())
+    assert not target(TrustLevel.L3).shows_on_pr(None)  # a push has no PR, so no label
+    assert target(TrustLevel.L3).shows_on_pr(("bug", "ciflow/crcr/npu"))
+
+
+def test_every_question_is_answered_by_the_levels_table():
+    answers = {level: (t.forwards, t.on_dashboard, t.accepts_results, t.blocks)
+               for level, t in ((level, target(level)) for level in TrustLevel)}
+    assert answers == {
+        TrustLevel.L1: (True, False, False, False),
+        TrustLevel.L2: (True, True, True, False),
+        TrustLevel.L3: (True, True, True, False),
+        TrustLevel.L4: (True, True, True, True),
+    }
 
 
 def test_relay_with_github_app_auth_dispatches(tmp_path, database_url, backends_dir):
@@ -104,3 +118,36 @@ def test_relay_with_github_app_auth_dispatches(tmp_path, database_url, backends_
         tokens = {r.repository: r.headers["authorization"] for r in fake.requests if r.endpoint == "dispatches"}
         assert len({tokens[repo] for repo in installations}) == 3  # a token per installation
         assert sum(r.endpoint == "access_tokens" for r in fake.requests) == 3
+
+
+def test_changing_a_row_of_the_levels_table_changes_what_the_relay_does(
+    database_url, results_relay, monkeypatch, wait,  # noqa: F811
+):
+    """Every part asks the table: swap rows, and forwarding, callbacks, the PR check, its blocking and
+    the dashboard all follow (l2 gets L4's row, l3 L1's, l4 a row that forwards nothing)."""
+    import httpx
+
+    from tests.relay.results_support import REPOS
+
+    monkeypatch.setitem(LEVELS, TrustLevel.L2, LEVELS[TrustLevel.L4])
+    monkeypatch.setitem(LEVELS, TrustLevel.L3, LEVELS[TrustLevel.L1])
+    monkeypatch.setitem(LEVELS, TrustLevel.L4, Switches(False, False, DisplayOnPR.never, False))
+    relay, drive = results_relay(database_url)
+    delivery = drive.open_pr(31)
+    dispatched = {name for name, repo in REPOS.items()
+                  if any(d["client_payload"]["delivery"] == delivery for d in relay.fake.dispatches(repo))}
+    assert dispatched == {"l1", "l2", "l3"}  # l4's row no longer forwards
+
+    refused = drive.start("l3", drive.nonce("l3", delivery))  # l3's row accepts no results now
+    assert refused.status_code == 403 and refused.json()["error"] == "level_too_low"
+
+    nonce = drive.nonce("l2", delivery)  # l2's row shows on every PR and blocks: the real conclusion
+    assert drive.start("l2", nonce).status_code == 200
+    assert drive.complete("l2", nonce, "failure").status_code == 200
+    final = wait(lambda: [s for s in relay.fake.statuses if s["context"] == "crcr/l2" and s["state"] != "pending"],
+                 what="l2's final status")
+    assert final[-1]["state"] == "failure"
+
+    overview = httpx.get(f"{relay.url}/api/overview", timeout=30).json()
+    assert [b["name"] for b in overview["backends"]] == ["l2"]
+    assert sorted(overview["hidden_backends"]) == ["l1", "l3", "l4"]

@@ -3,8 +3,10 @@
 Triggered by ``relay levels review`` and by the dashboard (overview and backend pages). Reads finished
 runs from the store; writes nothing: promotion and demotion stay reviewed changes to the backend
 files, this only recommends them. Bars (configurable, defaults from the upstream relay's RFC
-discussion): a success rate above 70 % to hold L2, above 90 % for L3 and L4, and every run finished
-within 3 hours of its dispatch.
+discussion): a success rate above 70 % to hold a level whose results show on the dashboard only (L2),
+above 90 % for one whose results show on the PR (L3, L4), and every run finished within 3 hours of its
+dispatch. What each level shows, and the order of the levels, come from :data:`relay.trust.LEVELS`; a
+promotion to a level whose check blocks PRs is left to the maintainers.
 
 Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` is a success, every
 other conclusion and every time-out is not; cancelled runs (superseded by a newer push, or the PR was
@@ -20,12 +22,12 @@ import json
 import statistics
 from collections.abc import Iterable, Sequence
 
+from relay import trust
 from relay.store.base import utcnow
 from relay.store.runs import RunView
+from relay.trust import DisplayOnPR, TrustLevel
 
 __all__ = ["Bars", "LevelReview", "WeekStats", "recommend", "review", "week_stats", "weekly_history"]
-
-_ORDER = ("L1", "L2", "L3", "L4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,37 +93,44 @@ def week_stats(backend: str, runs: Iterable[RunView], since: dt.datetime, until:
     )
 
 
-def _bar_for(level: str, bars: Bars) -> float:
-    return bars.l2_success_rate if level == "L2" else bars.l3_success_rate
+def _bar_for(level: TrustLevel, bars: Bars) -> float:
+    """The success rate a level needs: the higher bar once its results show on PRs."""
+    shown_on_prs = trust.switches(level).display_on_pr is not DisplayOnPR.never
+    return bars.l3_success_rate if shown_on_prs else bars.l2_success_rate
 
 
-def recommend(level: str, stats: WeekStats, bars: Bars) -> tuple[str, str, str]:
+def recommend(level: TrustLevel | str, stats: WeekStats, bars: Bars) -> tuple[str, str, str]:
     """(recommendation, recommended level, reason) for one backend's week."""
-    if level == "L1":
-        return "keep", "L1", "L1 backends send no results back; promote to L2 by review to start measuring"
+    level = TrustLevel(level)
+    name = level.value
+    if not trust.switches(level).accepts_results:
+        up = trust.lowest_accepting_results()
+        advice = f"promote to {up.value} by review to start measuring" if up else "no level sends results back"
+        return "keep", name, f"{name} backends send no results back; {advice}"
     if stats.runs < bars.min_runs:
-        return "insufficient_data", level, f"{stats.runs} finished run(s) this week; at least {bars.min_runs} are needed"
+        return "insufficient_data", name, f"{stats.runs} finished run(s) this week; at least {bars.min_runs} are needed"
     rate = stats.success_rate or 0.0
     slow = stats.runs - stats.within_limit
     limit_h = bars.max_time_to_result_seconds / 3600
     rate_text = f"success rate {rate:.0%}"
     bar = _bar_for(level, bars)
     if rate <= bar or slow:
-        lower = _ORDER[_ORDER.index(level) - 1]
+        lower = trust.lower(level) or level
         why = []
         if rate <= bar:
-            why.append(f"{rate_text} is not above the {bar:.0%} bar of {level}")
+            why.append(f"{rate_text} is not above the {bar:.0%} bar of {name}")
         if slow:
             why.append(f"{slow} run(s) took longer than {limit_h:g} h")
-        return "demote", lower, "; ".join(why)
-    if level == "L2" and rate > bars.l3_success_rate:
-        return "promote", "L3", f"{rate_text} is above the {bars.l3_success_rate:.0%} bar of L3 and every run took under {limit_h:g} h"
-    if level == "L3" and rate > bars.l3_success_rate:
-        return "keep", "L3", f"{rate_text}; meets the L3 bar (L4 makes the check required: a maintainers' decision)"
-    return "keep", level, f"{rate_text} meets the {level} bar"
+        return "demote", lower.value, "; ".join(why)
+    up = trust.higher(level)
+    if up is not None and rate > _bar_for(up, bars):
+        if trust.switches(up).block_pr:
+            return "keep", name, f"{rate_text}; meets the {name} bar ({up.value} makes the check required: a maintainers' decision)"
+        return "promote", up.value, f"{rate_text} is above the {_bar_for(up, bars):.0%} bar of {up.value} and every run took under {limit_h:g} h"
+    return "keep", name, f"{rate_text} meets the {name} bar"
 
 
-def review(store, backends: Sequence[tuple[str, str]], *, bars: Bars = Bars(), now: dt.datetime | None = None,
+def review(store, backends: Sequence[tuple[str, TrustLevel | str]], *, bars: Bars = Bars(), now: dt.datetime | None = None,
            days: int = 7) -> list[LevelReview]:
     """review(store, [(backend, level)]) -> one LevelReview per backend over the last ``days`` days."""
     until = now or utcnow()
@@ -131,7 +140,7 @@ def review(store, backends: Sequence[tuple[str, str]], *, bars: Bars = Bars(), n
     for name, level in backends:
         stats = week_stats(name, runs, since, until, bars)
         rec, new_level, reason = recommend(level, stats, bars)
-        out.append(LevelReview(name, level, stats, rec, new_level, reason))
+        out.append(LevelReview(name, TrustLevel(level).value, stats, rec, new_level, reason))
     return out
 
 
@@ -178,14 +187,14 @@ def levels_command(args: argparse.Namespace) -> int:
 
     from relay.settings import load_settings
     from relay.store import Store
-    from relay.tiers import load_allowlist
+    from relay.trust import load_allowlist
 
     settings = load_settings()
     allowlist = load_allowlist(settings.backends_dir or packaged_backends_dir())
     store = Store(settings.database_url)
     try:
         store.migrate()
-        reviews = review(store, [(t.name, t.level.value) for t in allowlist], bars=bars_from_settings(settings),
+        reviews = review(store, [(t.name, t.level) for t in allowlist], bars=bars_from_settings(settings),
                          days=args.days)
     finally:
         store.close()

@@ -14,15 +14,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from relay.callbacks import CallbackService, RateLimiter
-from relay.oidc import CallerAuth, JwksCache, OidcVerifier, load_callback_targets
-from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker, ReportTarget
+from relay.callbacks import CallbackService, RateLimiter, ReportLimits
+from relay.oidc import CallerAuth, JwksCache, OidcVerifier
+from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker
 from relay.rerun import RerunWatcher
 from relay.sweeper import Sweeper
 
 __all__ = ["ResultsSide", "build"]
 
-log = logging.getLogger("relay.results")
+log = logging.getLogger("relay.wiring")
 
 
 @dataclasses.dataclass
@@ -43,6 +43,10 @@ class ResultsSide:
             if part is not None:
                 part.stop()
 
+    def problems(self) -> list[str]:
+        """One sentence per background worker whose passes keep failing (``/healthz``)."""
+        return [p for p in (part.problem() for part in (self.sweeper, self.reruns) if part is not None) if p]
+
     def run_changed(self, run_pk: int) -> None:
         if self.reporting is not None:
             self.reporting.submit(run_pk)
@@ -55,13 +59,14 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
         verifier = OidcVerifier(settings.oidc_issuer, settings.oidc_audience, jwks)
     else:
         log.warning("RELAY_OIDC_AUDIENCE is unset: OIDC callbacks are refused; only static callback tokens work")
-    auth = CallerAuth(load_callback_targets(backends_dir), verifier)
+    auth = CallerAuth(allowlist, verifier)
     limiter = RateLimiter(settings.callback_rate_per_minute, settings.callback_rate_burst)
-    callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes)
+    limits = ReportLimits(max_tests=settings.callback_max_tests, max_message_chars=settings.callback_max_message_chars)
+    callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes,
+                                report_limits=limits)
     reporter = reporting = None
     if settings.reporting_enabled:
-        targets = {t.name: ReportTarget(t.name, t.level, t.label) for t in allowlist}
-        reporter = Reporter(store, github, targets, mode=CHECK_RUN if settings.uses_github_app else STATUS,
+        reporter = Reporter(store, github, {t.name: t for t in allowlist}, mode=CHECK_RUN if settings.uses_github_app else STATUS,
                             dashboard_url=settings.dashboard_url)
         reporting = ReportingWorker(reporter, label_poll_seconds=settings.label_poll_seconds)
     side = ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=None, reruns=None)  # type: ignore[arg-type]
@@ -74,7 +79,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
             registry=metrics.registry,
         )
     side.reruns = RerunWatcher(
-        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, poll_seconds=settings.rerun_poll_seconds,
+        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, app_id=settings.github_app_id,
+        poll_seconds=settings.rerun_poll_seconds,
         adopt_window_seconds=settings.nonce_ttl_hours * 3600,
         on_dispatched=dispatcher.wake if dispatcher is not None else None, on_run_changed=side.run_changed,
     )

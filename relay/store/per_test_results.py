@@ -12,7 +12,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, select
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, insert, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
@@ -75,17 +75,27 @@ def test_id_of(suite: str, nodeid: str) -> str:
     return f"{suite}::{name}"[:500]
 
 
+# Rows per INSERT: a big report is written as a series of bounded statements (no ORM object per
+# test, no statement holding every row), so memory stays proportional to one chunk.
+CHUNK_ROWS = 1000
+
+
 def add_many(session: Session, run: RunRow, results: Iterable[NewTestResult], now: dt.datetime) -> int:
-    rows = [
-        TestResultRow(
-            run_pk=run.id, backend=run.backend, head_sha=run.head_sha, suite=r.suite[:200],
-            test_id=test_id_of(r.suite, r.nodeid), nodeid=r.nodeid, outcome=r.outcome, duration=r.duration,
-            message=r.message[:MESSAGE_MAX_CHARS], recorded_at=now,
-        )
-        for r in results
-    ]
-    session.add_all(rows)
-    return len(rows)
+    """Insert ``results`` for ``run`` in chunks of CHUNK_ROWS, inside the caller's transaction; returns how many."""
+    recorded, chunk = 0, []
+    for r in results:
+        chunk.append({
+            "run_pk": run.id, "backend": run.backend, "head_sha": run.head_sha, "suite": r.suite[:200],
+            "test_id": test_id_of(r.suite, r.nodeid), "nodeid": r.nodeid, "outcome": r.outcome,
+            "duration": r.duration, "message": r.message[:MESSAGE_MAX_CHARS], "recorded_at": now,
+        })
+        if len(chunk) == CHUNK_ROWS:
+            session.execute(insert(TestResultRow), chunk)
+            recorded, chunk = recorded + len(chunk), []
+    if chunk:
+        session.execute(insert(TestResultRow), chunk)
+        recorded += len(chunk)
+    return recorded
 
 
 def _with_pr_number():

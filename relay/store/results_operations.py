@@ -3,7 +3,7 @@
 A mixin of :class:`relay.store.Store`: each method is one transaction, like the intake-side methods.
 Triggered by callbacks, reporting, the sweeper, re-runs, the level review and the dashboard; database
 errors surface as :class:`relay.store.StoreUnavailable`; a refused run transition as
-:class:`relay.runs.TransitionRefused`, with nothing written.
+:class:`relay.run_states.TransitionRefused`, with nothing written.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from relay.runs import RunState, check_transition
-from relay.store import callback_nonces, dispatches, reported_states, rerun_requests, runs, test_results
+from relay.run_states import RunState, check_transition
+from relay.store import (
+    callback_nonces, dispatches, per_test_results, quarantine, reported_states, rerun_requests, runs,
+)
 from relay.store.base import utcnow
 from relay.store.errors import guarded
 from relay.store.deliveries import DeliveryView
@@ -37,7 +39,8 @@ class CallbackUpdate:
     run_url: str | None = None
     summary: dict[str, Any] | None = None
     torch_version: str | None = None
-    tests: Sequence[test_results.NewTestResult] = ()
+    reason: str | None = None  # the downstream's own message when it sent no report
+    tests: Sequence[per_test_results.NewTestResult] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,7 @@ class ResultsOperations:
 
     @guarded
     def apply_callback(self, update: CallbackUpdate) -> CallbackApplied:
-        """Bind the run, check the transition in :mod:`relay.runs`'s table, write it (and the tests)."""
+        """Bind the run, check the transition in :mod:`relay.run_states`'s table, write it (and the tests)."""
         now = utcnow()
         with self._transaction() as session:
             dispatch = session.get(dispatches.Dispatch, update.dispatch_id, with_for_update=True)
@@ -78,7 +81,9 @@ class ResultsOperations:
                 row.conclusion = update.conclusion
                 row.summary = update.summary
                 row.torch_version = update.torch_version
-                recorded = test_results.add_many(session, row, update.tests, now)
+                if update.reason:
+                    row.reason = update.reason
+                recorded = per_test_results.add_many(session, row, update.tests, now)
             session.flush()
             return CallbackApplied(runs.view(row), previous, recorded)
 
@@ -90,17 +95,20 @@ class ResultsOperations:
 
     @guarded
     def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
+        """Time out open runs past their limits, row by row: a run that cannot be changed is quarantined
+        (``time_outs`` / ``run <id>``) and the others still time out."""
         now = utcnow()
         with self._transaction() as session:
-            out = []
-            for row, reason in runs.timed_out_candidates(
-                session, unstarted_before=unstarted_before, running_before=running_before,
-            ):
+            def time_out(candidate: tuple[runs.RunRow, str]) -> tuple[runs.RunView, str]:
+                row, reason = candidate
                 check_transition(RunState(row.state), RunState.timed_out, run=runs.view(row).describe())
                 row.state, row.conclusion, row.reason = RunState.timed_out.value, "timed_out", reason
                 row.finished_at = row.updated_at = now
-                out.append((runs.view(row), reason))
-            return out
+                session.flush()
+                return runs.view(row), reason
+
+            candidates = runs.timed_out_candidates(session, unstarted_before=unstarted_before, running_before=running_before)
+            return quarantine.each_row(session, runs.TIME_OUTS, ((f"run {c[0].id}", c) for c in candidates), time_out, now)
 
     @guarded
     def expire_nonces(self, sent_before: dt.datetime) -> int:
@@ -120,19 +128,19 @@ class ResultsOperations:
             return runs.query(session, **filters)
 
     @guarded
-    def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[test_results.TestResultView]:
+    def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[per_test_results.TestResultView]:
         with self._transaction() as session:
-            return test_results.for_runs(session, run_pks, outcomes)
+            return per_test_results.for_runs(session, run_pks, outcomes)
 
     @guarded
-    def test_history(self, test_id: str, limit: int = 200) -> list[test_results.TestResultView]:
+    def test_history(self, test_id: str, limit: int = 200) -> list[per_test_results.TestResultView]:
         with self._transaction() as session:
-            return test_results.history(session, test_id, limit)
+            return per_test_results.history(session, test_id, limit)
 
     @guarded
-    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[test_results.TestResultView]:
+    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[per_test_results.TestResultView]:
         with self._transaction() as session:
-            return test_results.since(session, when, backend)
+            return per_test_results.since(session, when, backend)
 
     @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
@@ -179,11 +187,36 @@ class ResultsOperations:
         with self._transaction() as session:
             reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error, now=utcnow())
 
+    # --- quarantine -----------------------------------------------------------------------------
+    @guarded
+    def quarantine_row(self, worker: str, subject: str, error: str) -> None:
+        """Set a row aside for ``worker`` (a pass that failed on it outside the store's own passes)."""
+        with self._transaction() as session:
+            quarantine.add(session, worker, subject, error, utcnow())
+
+    @guarded
+    def quarantined(self, limit: int = 100) -> list[quarantine.QuarantineView]:
+        with self._transaction() as session:
+            return quarantine.list_views(session, limit)
+
+    @guarded
+    def quarantine_counts(self) -> dict[str, int]:
+        with self._transaction() as session:
+            return quarantine.counts(session)
+
+    @guarded
+    def release_quarantined(self, worker: str, subject: str) -> bool:
+        """Let the passes try the row again (after it was fixed); False if it was not quarantined."""
+        with self._transaction() as session:
+            return quarantine.release(session, worker, subject)
+
     # --- re-runs --------------------------------------------------------------------------------
     @guarded
     def unhandled_rerun_requests(self, limit: int = 50) -> list[DeliveryView]:
+        """Stored re-run requests not handled yet, oldest first; quarantined ones are left out."""
         with self._transaction() as session:
-            return rerun_requests.unhandled(session, limit)
+            skip = [s.removeprefix("delivery ") for s in quarantine.keys(session, rerun_requests.RERUNS)]
+            return rerun_requests.unhandled(session, limit, skip)
 
     @guarded
     def record_rerun(

@@ -1,14 +1,23 @@
-"""Trust levels and the allowlist: who receives an upstream event, and what may come back to the PR.
+"""Trust levels: the one table of what each level may do, and the backend targets it applies to.
 
-Triggered at start-up (``load_allowlist`` reads the backend descriptors' ``relay`` sections) and for
-every webhook (``route`` picks the targets). Writes nothing. The four switches and the L1-L4 presets
-follow PyTorch's RFC-0050 relay, so an allowlist written for it reads the same here:
+Triggered at start-up (``load_allowlist`` reads the backend descriptors' ``relay`` sections, once) and
+asked by every part that depends on a backend's level: intake (``route``: does it get the event?),
+callback authentication (``BackendTarget.accepts_results``), reporting (``shows_on_pr``, ``blocks``),
+the dashboard (``on_dashboard``) and the level review (``switches``, ``lower``, ``higher``). Writes
+nothing. No other module compares levels: change a row of :data:`LEVELS` and every one of those
+answers changes with it.
+
+The four switches and the L1-L4 presets follow PyTorch's RFC-0050 relay, so an allowlist written for
+it reads the same here:
 
     level  forward_event  display_on_hud  display_on_pr  block_pr
     L1     yes            no              never          no     onboarding: events only
     L2     yes            yes             never          no     results on the dashboard
     L3     yes            yes             label_only     no     a check on PRs carrying the label
     L4     yes            yes             always         yes    a check on every PR, meant to be required
+
+Results (callbacks) are accepted from a backend whose results show somewhere: on the dashboard or on
+the PR. A check that does not block reports a failure as ``neutral``.
 
 Routing (``route``): ``pull_request`` opened/reopened/synchronize/closed and ``push`` go to every target
 with ``forward_event``; ``labeled``/``unlabeled`` go only to the target(s) whose label changed (so adding
@@ -29,13 +38,17 @@ from relay.events import UpstreamEvent
 
 __all__ = [
     "LEVELS",
+    "PR_ACTIONS",
+    "BackendTarget",
     "DisplayOnPR",
     "Switches",
-    "Target",
     "TrustLevel",
+    "higher",
     "load_allowlist",
+    "lower",
+    "lowest_accepting_results",
     "route",
-    "shows_on_pr",
+    "switches",
 ]
 
 
@@ -52,6 +65,11 @@ class Switches:
     display_on_pr: DisplayOnPR
     block_pr: bool
 
+    @property
+    def accepts_results(self) -> bool:
+        """Results come back only where they show: on the dashboard or on the PR."""
+        return self.display_on_hud or self.display_on_pr is not DisplayOnPR.never
+
 
 LEVELS: dict[TrustLevel, Switches] = {
     TrustLevel.L1: Switches(forward_event=True, display_on_hud=False, display_on_pr=DisplayOnPR.never, block_pr=False),
@@ -66,29 +84,82 @@ _LABEL_ACTIONS = frozenset({"labeled", "unlabeled"})
 PR_ACTIONS = _FORWARDED_PR_ACTIONS | _LABEL_ACTIONS
 
 
+def switches(level: TrustLevel) -> Switches:
+    """The row of ``level``, read at each question (so a changed table changes every answer)."""
+    return LEVELS[level]
+
+
+def lower(level: TrustLevel) -> TrustLevel | None:
+    """The next level down, or None for the lowest."""
+    order = list(LEVELS)
+    index = order.index(level)
+    return order[index - 1] if index > 0 else None
+
+
+def higher(level: TrustLevel) -> TrustLevel | None:
+    """The next level up, or None for the highest."""
+    order = list(LEVELS)
+    index = order.index(level)
+    return order[index + 1] if index + 1 < len(order) else None
+
+
+def lowest_accepting_results() -> TrustLevel | None:
+    """The lowest level whose callbacks are accepted (for messages that say what to promote to)."""
+    return next((level for level, row in LEVELS.items() if row.accepts_results), None)
+
+
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """One allowlisted downstream repository (a backend descriptor with a ``relay`` section)."""
+class BackendTarget:
+    """One allowlisted downstream repository (a backend descriptor with a ``relay`` section), and every
+    question the relay asks about what its level allows."""
 
     name: str
     repository: str
     level: TrustLevel
     label: str
+    callback_token_sha256: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def switches(self) -> Switches:
-        return LEVELS[self.level]
+        return switches(self.level)
+
+    @property
+    def forwards(self) -> bool:
+        """Upstream events are dispatched to this backend."""
+        return self.switches.forward_event
+
+    @property
+    def on_dashboard(self) -> bool:
+        """Its runs are shown on the dashboard."""
+        return self.switches.display_on_hud
+
+    @property
+    def accepts_results(self) -> bool:
+        """Its callbacks are accepted (see :attr:`Switches.accepts_results`)."""
+        return self.switches.accepts_results
+
+    @property
+    def blocks(self) -> bool:
+        """Its check may fail the PR; a non-blocking check reports failures as ``neutral``."""
+        return self.switches.block_pr
+
+    def shows_on_pr(self, pr_labels: Sequence[str] | None) -> bool:
+        """Whether its results appear upstream, given the PR's current labels (None: a push, no PR)."""
+        mode = self.switches.display_on_pr
+        if mode is DisplayOnPR.always:
+            return True
+        return mode is DisplayOnPR.label_only and pr_labels is not None and self.label in pr_labels
 
     @classmethod
-    def from_descriptor(cls, descriptor: BackendDescriptor) -> "Target":
+    def from_descriptor(cls, descriptor: BackendDescriptor) -> "BackendTarget":
         assert descriptor.relay is not None and descriptor.relay_label is not None
         return cls(
             name=descriptor.name, repository=descriptor.relay.repository, level=descriptor.relay.level,
-            label=descriptor.relay_label,
+            label=descriptor.relay_label, callback_token_sha256=descriptor.relay.callback_token_sha256,
         )
 
 
-def load_allowlist(backends_dir: Path) -> tuple[Target, ...]:
+def load_allowlist(backends_dir: Path) -> tuple[BackendTarget, ...]:
     """load_allowlist(dir) -> the targets of every ``*.yaml`` in ``dir`` that has a ``relay`` section.
 
     Raises DescriptorError (naming the file and field) for an invalid descriptor, or when two
@@ -97,7 +168,7 @@ def load_allowlist(backends_dir: Path) -> tuple[Target, ...]:
     if not backends_dir.is_dir():
         raise DescriptorError(f"RELAY_BACKENDS_DIR: {backends_dir} is not a directory of backend *.yaml files")
     targets = [
-        Target.from_descriptor(d)
+        BackendTarget.from_descriptor(d)
         for d in (load_descriptor(p) for p in sorted(backends_dir.glob("*.yaml")))
         if d.relay is not None
     ]
@@ -114,9 +185,9 @@ def load_allowlist(backends_dir: Path) -> tuple[Target, ...]:
     return tuple(targets)
 
 
-def route(event: UpstreamEvent, targets: Iterable[Target]) -> tuple[list[Target], str | None]:
+def route(event: UpstreamEvent, targets: Iterable[BackendTarget]) -> tuple[list[BackendTarget], str | None]:
     """route(event, targets) -> (targets to dispatch to, reason when there are none)."""
-    forwarding = [t for t in targets if t.switches.forward_event]
+    forwarding = [t for t in targets if t.forwards]
     if event.event == "push" and event.deleted:
         return [], f"push deleted {event.head_ref}; there is no commit to test"
     if event.event == "push":
@@ -132,9 +203,3 @@ def route(event: UpstreamEvent, targets: Iterable[Target]) -> tuple[list[Target]
     if not chosen:
         return [], "no backend in the allowlist forwards events"
     return chosen, None
-
-
-def shows_on_pr(target: Target, pr_labels: Sequence[str]) -> bool:
-    """Whether ``target``'s results appear on the upstream PR, given the PR's current labels."""
-    mode = target.switches.display_on_pr
-    return mode is DisplayOnPR.always or (mode is DisplayOnPR.label_only and target.label in pr_labels)

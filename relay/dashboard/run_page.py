@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
-from relay.store.test_results import FAILING_OUTCOMES
+from relay.store.per_test_results import FAILING_OUTCOMES
 
 router = APIRouter()
 

@@ -1,0 +1,96 @@
+"""Hostile webhooks over real HTTP: every field the relay keeps is validated at intake (a 400 naming the
+field, nothing stored), deep JSON is a 400, and a replayed signed body under a fresh delivery id is a duplicate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.relay.helpers import pr_payload, push_payload
+
+
+@pytest.fixture
+def relay(relay_factory, database_url):
+    return relay_factory(database_url)
+
+
+@pytest.fixture
+def sqlite_relay(relay_factory, sqlite_url):
+    return relay_factory(sqlite_url)
+
+
+def _refused(response, delivery: str, field: str) -> str:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["error"] in ("invalid_payload", "invalid_unicode"), body
+    assert field in body["detail"] and delivery in body["detail"], body
+    return body["detail"]
+
+
+def test_lone_surrogate_in_a_kept_string_is_400_naming_it_and_later_webhooks_still_work(relay):
+    payload = pr_payload()
+    body = json.dumps(payload).replace('"Fix things"', '"\\ud800"').encode()
+    detail = _refused(relay.post("pull_request", body, delivery="surrogate-1"), "surrogate-1", "pull_request.title")
+    assert "Unicode" in detail
+    assert relay.store.delivery("surrogate-1") is None and relay.store.dispatches() == []
+    # A valid surrogate pair (an emoji) is ordinary text and is accepted.
+    emoji = json.dumps(pr_payload(number=8)).replace('"Fix things"', '"\\ud83d\\ude80 rocket"').encode()
+    assert relay.post("pull_request", emoji, delivery="emoji-ok").status_code == 202
+    relay.wait_settled()
+    adopted, _ = relay.store.adopt_dispatches(since=relay.store.delivery("emoji-ok").received_at.replace(year=2000))
+    assert len(adopted) == 4
+
+
+@pytest.mark.parametrize("number", [2**70, 2**31, 0, -3, True, "7", 7.5])
+def test_pull_request_number_out_of_range_or_not_an_integer_is_400(sqlite_relay, number):
+    payload = pr_payload()
+    payload["pull_request"]["number"] = number
+    _refused(sqlite_relay.post("pull_request", payload, delivery="number-1"), "number-1", "pull_request.number")
+    assert sqlite_relay.store.delivery("number-1") is None
+
+
+@pytest.mark.parametrize("field, value", [
+    ("pull_request.head.sha", "g" * 40), ("pull_request.head.sha", "a" * 39), ("pull_request.base.sha", "A" * 41),
+    ("pull_request.head.ref", "r" * 256), ("pull_request.base.ref", 5), ("pull_request.state", "merged-ish" * 3),
+    ("pull_request.updated_at", "2024" * 20), ("pull_request.html_url", "https://x/" + "p" * 2000),
+    ("pull_request.draft", "yes"), ("repository.full_name", "pytorch/pytorch" + "x" * 200),
+    ("sender.login", "l" * 256), ("action", "o" * 65),
+])
+def test_bad_pull_request_fields_are_400_naming_the_field(sqlite_relay, field, value):
+    payload = pr_payload()
+    *parents, leaf = field.split(".")
+    target = payload
+    for part in parents:
+        target = target[part]
+    target[leaf] = value
+    if field == "repository.full_name":  # another repository is ignored before validation: keep it upstream-like
+        sqlite_relay.app.state.settings = sqlite_relay.app.state.settings.model_copy(update={"upstream_repo": value})
+    _refused(sqlite_relay.post("pull_request", payload, delivery="field-1"), "field-1", field)
+    assert sqlite_relay.store.delivery("field-1") is None
+
+
+@pytest.mark.parametrize("field, value", [("after", "0" * 39), ("before", "x" * 40), ("ref", "r" * 300), ("deleted", "no")])
+def test_bad_push_fields_are_400_naming_the_field(sqlite_relay, field, value):
+    payload = push_payload()
+    payload[field] = value
+    _refused(sqlite_relay.post("push", payload, delivery="push-1"), "push-1", field)
+
+
+def test_bad_fields_of_stored_events_are_400(sqlite_relay):
+    comment = {"action": "created", "issue": {"number": 2**70, "pull_request": {}},
+               "comment": {"body": "/retest", "author_association": "MEMBER", "user": {"login": "m"}},
+               "repository": {"full_name": "pytorch/pytorch"}, "sender": {"login": "m"}}
+    _refused(sqlite_relay.post("issue_comment", comment, delivery="c-1"), "c-1", "issue.number")
+    check = {"action": "rerequested", "check_run": {"name": "crcr/l4", "head_sha": "nope", "external_id": "1"},
+             "repository": {"full_name": "pytorch/pytorch"}, "sender": {"login": "m"}}
+    _refused(sqlite_relay.post("check_run", check, delivery="k-1"), "k-1", "check_run.head_sha")
+
+
+def test_deeply_nested_webhook_is_400_not_500(sqlite_relay):
+    body = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    response = sqlite_relay.post("pull_request", body, delivery="deep-1")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_json" and "nests deeper" in response.json()["detail"]
+    shallow_but_over = b'{"a":' * 80 + b"1" + b"}" * 80
+    assert sqlite_relay.post("pull_request", shallow_but_over, delivery="deep-2").status_code == 400
