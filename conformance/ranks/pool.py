@@ -94,7 +94,8 @@ class RankPool:
     def __init__(self, *, descriptor: str, device_type: str, backend: str, world_size: int,
                  setup_modules: tuple[str, ...] = (), timeout: float = 300.0,
                  startup_timeout: float = 180.0, grace: float = 5.0, workdir: str | None = None,
-                 env: dict[str, str] | None = None, default_device: str | None = None):
+                 env: dict[str, str] | None = None, default_device: str | None = None,
+                 symmetric_memory_backend: str | None = None):
         self.descriptor = descriptor
         self.device_type = device_type
         self.backend = backend
@@ -105,6 +106,7 @@ class RankPool:
         self.grace = grace
         self.env = dict(os.environ if env is None else env)
         self.default_device = default_device or self.env.get(DEFAULT_DEVICE_ENV) or None
+        self.symmetric_memory_backend = symmetric_memory_backend
         self._tmp = tempfile.TemporaryDirectory(prefix=f"conformance-{descriptor}-{world_size}r-", dir=workdir)
         self.workdir = Path(self._tmp.name)
         self.shared_dir = self.workdir / "shared"
@@ -141,6 +143,7 @@ class RankPool:
             "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
             "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
+            "symmetric_memory_backend": self.symmetric_memory_backend,
         }
         env = dict(self.env)
         # Ranks import test functions by module name: give them the controller's import path, as
