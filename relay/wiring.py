@@ -79,7 +79,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
             registry=metrics.registry,
         )
     side.reruns = RerunWatcher(
-        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, poll_seconds=settings.rerun_poll_seconds,
+        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, app_id=settings.github_app_id,
+        poll_seconds=settings.rerun_poll_seconds,
         adopt_window_seconds=settings.nonce_ttl_hours * 3600,
         on_dispatched=dispatcher.wake if dispatcher is not None else None, on_run_changed=side.run_changed,
     )
