@@ -158,6 +158,11 @@ class BackendDescriptor(_Strict):
         default=(), description="modules imported in every rank before the process group starts"
     )
     world_size: int = Field(default=2, ge=1)
+    symmetric_memory_backend: str | None = Field(
+        default=None, min_length=1,
+        description="allocation backend every rank selects at start, before any allocation "
+                    "(torch.distributed._symmetric_memory.set_backend: NCCL, CUDA, NVSHMEM); null keeps torch's",
+    )
     capabilities: dict[str, bool]
     known_failures: tuple[KnownFailure, ...] = ()
     relay: RelayTarget | None = None
