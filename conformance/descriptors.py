@@ -28,6 +28,7 @@ __all__ = [
     "DescriptorError",
     "Detect",
     "KnownFailure",
+    "QuarantinedTest",
     "RelayTarget",
     "TrustLevel",
     "descriptor_dirs",
@@ -87,18 +88,12 @@ class Detect(_Strict):
         return 1 + len(self.torch_version)
 
 
-class KnownFailure(_Strict):
-    """A test-id pattern known to fail on this backend, applied as strict xfail or as skip.
-
-    ``match`` is compared with ``<suite>::<test name>`` (e.g.
+class _TestPattern(_Strict):
+    """A ``match`` compared with ``<suite>::<test name>`` (e.g.
     ``collectives::test_all_reduce[PREMUL_SUM-float32]``); ``*`` matches any run of characters and
-    every other character, brackets included, is literal.
-    """
+    every other character, brackets included, is literal."""
 
     match: str
-    reason: str = Field(min_length=1)
-    link: str = Field(min_length=1)
-    mode: Literal["xfail", "skip"] = "xfail"
 
     @field_validator("match")
     @classmethod
@@ -112,6 +107,26 @@ class KnownFailure(_Strict):
 
     def matches(self, test_id: str) -> bool:
         return _glob_regex(self.match).fullmatch(test_id) is not None
+
+
+class KnownFailure(_TestPattern):
+    """A test-id pattern known to fail on this backend, applied as strict xfail or as skip."""
+
+    reason: str = Field(min_length=1)
+    link: str = Field(min_length=1)
+    mode: Literal["xfail", "skip"] = "xfail"
+
+
+class QuarantinedTest(_TestPattern):
+    """A test-id pattern whose failures the relay reports as non-blocking until ``expires``: the test
+    still runs and its failures are still shown, apart, but a check's conclusion ignores them."""
+
+    reason: str = Field(min_length=1)
+    expires: datetime.date = Field(description="last day the quarantine applies")
+    link: str | None = None
+
+    def applies_on(self, day: datetime.date) -> bool:
+        return day <= self.expires
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -129,6 +144,9 @@ class RelayTarget(_Strict):
     )
     callback_token_sha256: str | None = Field(
         default=None, description="sha256 hex of a static callback token, for CI without OIDC"
+    )
+    quarantine: tuple[QuarantinedTest, ...] = Field(
+        default=(), description="tests whose failures do not block (each with a reason and an expiry)"
     )
 
     @field_validator("repository")

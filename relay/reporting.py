@@ -15,6 +15,9 @@ What appears upstream (``decide``) is the backend's level's row in :data:`relay.
 * ``always`` (L4): every PR (and push).
 * ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
   summary; on (L4): the real conclusion, meant to be a required check.
+* Any level that shows: a run whose only failing tests are quarantined for its backend (the descriptor's
+  ``relay.quarantine``, until each entry's expiry) concludes ``success``; the summary lists those
+  failures apart, and always says how many failures were quarantined.
 * Any level that shows: a run whose report's torch is not the dispatched commit (:mod:`relay.provenance`)
   is never a pass: ``failure`` where the backend blocks (L4), ``neutral`` where it does not (L3), and the
   text says which torch was tested and which was expected.
@@ -47,9 +50,9 @@ from relay.github import CallResult, GitHubCallError, PermanentError, RateLimite
 from relay.store.base import utcnow
 from relay.store.runs import RunView
 from relay.store.per_test_results import FAILING_OUTCOMES, TestResultView
-from relay.trust import BackendTarget
+from relay.trust import BackendTarget, QuarantinedTest
 
-__all__ = ["CHECK_RUN", "STATUS", "Decision", "Reporter", "ReportingClient", "ReportingWorker", "decide"]
+__all__ = ["CHECK_RUN", "STATUS", "Decision", "Failures", "Reporter", "ReportingClient", "ReportingWorker", "decide"]
 
 log = logging.getLogger("relay.reporting")
 
@@ -85,8 +88,38 @@ class Decision:
         return self.status == "completed"
 
 
-def _upstream_conclusion(run: RunView, target: BackendTarget) -> str:
+@dataclasses.dataclass(frozen=True)
+class Failures:
+    """A finished run's failing tests, split by the backend's quarantine list on the day of reporting."""
+
+    blocking: tuple[TestResultView, ...] = ()
+    quarantined: tuple[tuple[TestResultView, QuarantinedTest], ...] = ()
+
+    @classmethod
+    def split(cls, target: BackendTarget, failures: list[TestResultView], day: dt.date) -> "Failures":
+        blocking, quarantined = [], []
+        for failure in failures:
+            entry = target.quarantined(failure.test_id, day)
+            if entry is None:
+                blocking.append(failure)
+            else:
+                quarantined.append((failure, entry))
+        return cls(tuple(blocking), tuple(quarantined))
+
+    def only_quarantined(self, run: RunView) -> bool:
+        """Whether the run failed because of quarantined tests and nothing else: every failure the
+        report counts is a recorded test result, and each of them is quarantined."""
+        if run.state != "completed" or run.conclusion != "failure" or not self.quarantined or self.blocking:
+            return False
+        counts = (run.summary or {}).get("counts") or {}
+        counted = sum(counts.get(key) or 0 for key in ("failed", "errors", "xpassed"))
+        return counted == len(self.quarantined)
+
+
+def _upstream_conclusion(run: RunView, target: BackendTarget, only_quarantined: bool = False) -> str:
     conclusion = run.conclusion or ("timed_out" if run.state == "timed_out" else "cancelled")
+    if only_quarantined and not run.provenance_problem:
+        return "success"  # quarantined failures never decide a check
     if run.provenance_problem and conclusion not in ("cancelled", "timed_out"):
         # A result of another torch than the dispatched commit says nothing about this PR: never a pass.
         return "failure" if target.blocks else "neutral"
@@ -95,15 +128,17 @@ def _upstream_conclusion(run: RunView, target: BackendTarget) -> str:
     return conclusion
 
 
-def decide(run: RunView, target: BackendTarget, pr_labels: tuple[str, ...] | None) -> Decision | None:
-    """decide(run, target, labels of its PR or None for a push) -> what to show upstream, or None."""
+def decide(run: RunView, target: BackendTarget, pr_labels: tuple[str, ...] | None,
+           only_quarantined: bool = False) -> Decision | None:
+    """decide(run, target, labels of its PR or None for a push, whether its only failures are
+    quarantined) -> what to show upstream, or None."""
     if not target.shows_on_pr(pr_labels):
         return None
     if run.state == "dispatched":
         return Decision("queued", None, "queued")
     if run.state == "in_progress":
         return Decision("in_progress", None, "in_progress")
-    conclusion = _upstream_conclusion(run, target)
+    conclusion = _upstream_conclusion(run, target, only_quarantined)
     return Decision("completed", conclusion, f"completed:{conclusion}")
 
 
@@ -139,8 +174,13 @@ def plain_text(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in " ".join(text.split()))
 
 
-def summary_markdown(run: RunView, failures: list[TestResultView], details_url: str) -> str:
-    lines = [f"**{_counts_line(run)}** on `{run.backend}`"]
+def _quarantined_line(failures: Failures) -> str:
+    return f"{len(failures.quarantined)} quarantined failure(s) (non-blocking)"
+
+
+def summary_markdown(run: RunView, split: Failures, details_url: str) -> str:
+    failures = list(split.blocking)
+    lines = [f"**{_counts_line(run)}** on `{run.backend}`; {_quarantined_line(split)}"]
     if run.torch_version:
         lines[0] += f" (torch {md_code(run.torch_version)})"
     if run.provenance_problem:
@@ -164,18 +204,26 @@ def summary_markdown(run: RunView, failures: list[TestResultView], details_url: 
                 # A fenced block is literal text; its fence outgrows any backtick run of the message.
                 fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", message)), default=0))
                 lines += [f"  {fence}", *("  " + m for m in message.splitlines()[:15]), f"  {fence}"]
+    if split.quarantined:
+        lines += ["", f"Quarantined failing tests (non-blocking; {len(split.quarantined)}):", ""]
+        for failure, entry in split.quarantined[:FIRST_FAILURES]:
+            lines.append(f"- {md_code(failure.test_id)} ({failure.outcome}): quarantined until {entry.expires.isoformat()}, "
+                         f"{md_code(entry.reason)}")
     lines += ["", f"Full results: {details_url}"]
     text = "\n".join(lines)
     return text if len(text) <= SUMMARY_MAX_CHARS else text[: SUMMARY_MAX_CHARS - 20] + "\n\n(cut)"
 
 
-def status_description(run: RunView, decision: Decision, failures: list[TestResultView]) -> str:
+def status_description(run: RunView, decision: Decision, split: Failures) -> str:
+    failures = split.blocking
     if decision.status == "queued":
         text = "queued: waiting for the backend's runner"
     elif decision.status == "in_progress":
         text = "running the conformance suite"
     else:
         text = _counts_line(run)
+        if split.quarantined:
+            text += f"; {len(split.quarantined)} quarantined"
         if failures:
             text += f"; first: {plain_text(failures[0].test_id)}"
         if run.provenance_problem:
@@ -231,14 +279,16 @@ class Reporter:
         decision = None if target is None else decide(run, target, labels)
         if decision is None:
             return "not_shown"
+        split = Failures()
+        if decision.final:
+            split = Failures.split(target, self.store.test_results([run.id], FAILING_OUTCOMES), utcnow().date())
+            if split.only_quarantined(run):
+                decision = decide(run, target, labels, only_quarantined=True)
         previous = self.store.reported_state(run.id, self.mode)
         if previous is not None and previous.state == decision.key:
             return "unchanged"
-        failures = []
-        if decision.final:
-            failures = self.store.test_results([run.id], FAILING_OUTCOMES)
         try:
-            external_id = self._write(run, decision, failures, previous.external_id if previous else None)
+            external_id = self._write(run, decision, split, previous.external_id if previous else None)
         except PermanentError as exc:
             log.warning("permanent GitHub error while reporting; not retried", extra={
                 "run": run.id, "backend": run.backend, "error": exc.message})
@@ -249,13 +299,13 @@ class Reporter:
                                              "mode": self.mode})
         return "reported"
 
-    def _write(self, run: RunView, decision: Decision, failures: list[TestResultView], check_run_id: int | None) -> int | None:
+    def _write(self, run: RunView, decision: Decision, split: Failures, check_run_id: int | None) -> int | None:
         name = f"crcr/{run.backend}"
         details = self.details_url(run)
         if self.mode == STATUS:
             self.github.create_status(
                 run.upstream_repository, run.head_sha, _status_state(decision), context=name,
-                description=status_description(run, decision, failures), target_url=details,
+                description=status_description(run, decision, split), target_url=details,
             )
             return None
         fields: dict[str, Any] = {"status": decision.status, "details_url": details, "external_id": str(run.id)}
@@ -265,8 +315,8 @@ class Reporter:
             fields["conclusion"] = decision.conclusion
             fields["completed_at"] = _iso(run.finished_at or utcnow())
             fields["output"] = {
-                "title": f"{name}: {_counts_line(run)}"[:255],
-                "summary": summary_markdown(run, failures, details),
+                "title": f"{name}: {_counts_line(run)}; {_quarantined_line(split)}"[:255],
+                "summary": summary_markdown(run, split, details),
             }
         if check_run_id is None:
             result = self.github.create_check_run(run.upstream_repository, name=name, head_sha=run.head_sha, **fields)

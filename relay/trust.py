@@ -40,7 +40,9 @@ import enum
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from conformance.descriptors import BackendDescriptor, DescriptorError, TrustLevel, load_descriptor
+from conformance.descriptors import (
+    BackendDescriptor, DescriptorError, QuarantinedTest, TrustLevel, load_descriptor,
+)
 
 from relay.events import UpstreamEvent
 
@@ -51,6 +53,7 @@ __all__ = [
     "LevelCriteria",
     "Measure",
     "PR_ACTIONS",
+    "QuarantinedTest",
     "BackendTarget",
     "Comparison",
     "DisplayOnPR",
@@ -218,6 +221,7 @@ class BackendTarget:
     level: TrustLevel
     label: str
     level_since: dt.date | None = None
+    quarantine: tuple[QuarantinedTest, ...] = ()
     callback_token_sha256: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -251,12 +255,17 @@ class BackendTarget:
             return True
         return mode is DisplayOnPR.label_only and pr_labels is not None and self.label in pr_labels
 
+    def quarantined(self, test_id: str, day: dt.date) -> QuarantinedTest | None:
+        """The quarantine entry that makes ``test_id``'s failures non-blocking on ``day``, if any."""
+        return next((q for q in self.quarantine if q.applies_on(day) and q.matches(test_id)), None)
+
     @classmethod
     def from_descriptor(cls, descriptor: BackendDescriptor) -> "BackendTarget":
         assert descriptor.relay is not None and descriptor.relay_label is not None
         return cls(
             name=descriptor.name, repository=descriptor.relay.repository, level=descriptor.relay.level,
             label=descriptor.relay_label, level_since=descriptor.relay.level_since,
+            quarantine=descriptor.relay.quarantine,
             callback_token_sha256=descriptor.relay.callback_token_sha256,
         )
 

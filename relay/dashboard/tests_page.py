@@ -1,5 +1,11 @@
-"""Test pages: one conformance test's history across backends (``/tests/{test_id}``), and the list of
-tests failing now on each backend with the upstream commit they started failing at (``/failing``).
+"""Test pages: one conformance test's history across backends (``/tests/{test_id}``), with where it is
+flaky and where it is quarantined; the list of tests failing now on each backend with the upstream
+commit they started failing at (``/failing``); and the flaky tests (``/api/tests/flaky``).
+
+Flaky: the test both passed and failed for one backend on one tested torch commit (re-runs, attempts,
+``/retest``); the evidence is the runs of each outcome. Quarantined: the backend's descriptor lists
+it in ``relay.quarantine`` (reason, expiry); once its newest RELEASE_AFTER_PASSES results on that
+backend all passed, the page proposes releasing it.
 
 Reads test results; writes nothing. "Failing since": walking a backend's results for a test oldest
 first, a streak of failed/error/xpassed results ends at a pass; the first commit of the streak still
@@ -21,6 +27,9 @@ from relay.store.per_test_results import FAILING_OUTCOMES
 
 router = APIRouter()
 
+FLAKY_DAYS = 30  # how far back the test page looks for flaky evidence
+RELEASE_AFTER_PASSES = 10
+
 
 class HistoryItem(BaseModel):
     backend: str
@@ -33,9 +42,30 @@ class HistoryItem(BaseModel):
     recorded_at: str | None
 
 
+class FlakyItem(BaseModel):
+    backend: str
+    test_id: str
+    torch_commit: str = Field(description="the torch commit both outcomes were seen on")
+    passed_runs: list[int]
+    failed_runs: list[int]
+    last_seen: str | None
+
+
+class QuarantineItem(BaseModel):
+    backend: str
+    match: str
+    reason: str
+    expires: str
+    link: str | None
+    passes_in_a_row: int = Field(description="newest results on this backend that passed, in a row")
+    release_proposed: bool = Field(description=f"passes_in_a_row reached {RELEASE_AFTER_PASSES}")
+
+
 class TestPage(BaseModel):
     test_id: str
     latest: dict[str, str]  # backend -> latest outcome
+    flaky: list[FlakyItem]
+    quarantined: list[QuarantineItem]
     history: list[HistoryItem]
 
 
@@ -50,6 +80,38 @@ class FailingNow(BaseModel):
     message: str
 
 
+def flaky_items(ctx: DashboardContext, days: int, *, test_id: str | None = None,
+                backend: str | None = None) -> list[FlakyItem]:
+    found = ctx.store.flaky_tests(utcnow() - dt.timedelta(days=days), test_id=test_id, backend=backend)
+    return [FlakyItem(backend=f.backend, test_id=f.test_id, torch_commit=f.torch_commit, passed_runs=list(f.passed_runs),
+                      failed_runs=list(f.failed_runs), last_seen=iso(f.last_seen))
+            for f in found if f.backend in ctx.backends]
+
+
+def _passes_in_a_row(history, backend: str) -> int:
+    count = 0
+    for item in history:  # newest first
+        if item.backend != backend or item.outcome in ("skipped", "xfailed"):
+            continue
+        if item.outcome != "passed":
+            break
+        count += 1
+    return count
+
+
+def quarantine_items(ctx: DashboardContext, test_id: str, history) -> list[QuarantineItem]:
+    out = []
+    for target in ctx.backends.values():
+        entry = target.quarantined(test_id, utcnow().date())
+        if entry is None:
+            continue
+        passes = _passes_in_a_row(history, target.name)
+        out.append(QuarantineItem(backend=target.name, match=entry.match, reason=entry.reason,
+                                  expires=entry.expires.isoformat(), link=entry.link, passes_in_a_row=passes,
+                                  release_proposed=passes >= RELEASE_AFTER_PASSES))
+    return out
+
+
 def build_test(ctx: DashboardContext, test_id: str, limit: int) -> TestPage:
     history = [h for h in ctx.store.test_history(test_id, limit) if h.backend in ctx.backends]
     if not history:
@@ -57,7 +119,8 @@ def build_test(ctx: DashboardContext, test_id: str, limit: int) -> TestPage:
     latest: dict[str, str] = {}
     for item in history:
         latest.setdefault(item.backend, item.outcome)
-    return TestPage(test_id=test_id, latest=latest, history=[
+    return TestPage(test_id=test_id, latest=latest, flaky=flaky_items(ctx, FLAKY_DAYS, test_id=test_id),
+                    quarantined=quarantine_items(ctx, test_id, history), history=[
         HistoryItem(backend=h.backend, run=h.run_pk, pr_number=h.pr_number, head_sha=h.head_sha, outcome=h.outcome,
                     duration=h.duration, message=h.message, recorded_at=iso(h.recorded_at))
         for h in history
@@ -87,6 +150,13 @@ def failing_api(ctx: Annotated[DashboardContext, Depends(context)], days: int = 
                 backend: str | None = Query(None, max_length=100)) -> list[FailingNow]:
     """Tests failing now, per backend, with the upstream commit (and PR) each started failing at."""
     return failing_now(ctx, days, backend)
+
+
+@router.get("/api/tests/flaky", response_model=list[FlakyItem], tags=["dashboard API"])
+def flaky_api(ctx: Annotated[DashboardContext, Depends(context)], days: int = Query(FLAKY_DAYS, ge=1, le=365),
+              backend: str | None = Query(None, max_length=100)) -> list[FlakyItem]:
+    """Tests that both passed and failed for one backend on one torch commit, with the runs of each."""
+    return flaky_items(ctx, days, backend=backend)
 
 
 @router.get("/api/tests/{test_id:path}", response_model=TestPage, tags=["dashboard API"],

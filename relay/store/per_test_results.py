@@ -1,8 +1,9 @@
 """Test results: one row per conformance test of a completed run (suite, test id, outcome, duration, message).
 
 Written by a ``completed`` callback, in the transaction that finishes the run. Read by the dashboard
-and its API: a run's failures, one test's history across backends, and which tests fail on which
-backend since which upstream commit. ``test_id`` is ``<suite>::<name>``, the form the backend files'
+and its API: a run's failures, one test's history across backends, which tests fail on which
+backend since which upstream commit, and which are flaky (``flaky``: both passed and failed for one
+backend on one tested torch commit, over re-runs, attempts and ``/retest``). ``test_id`` is ``<suite>::<name>``, the form the backend files'
 ``known_failures`` use.
 """
 
@@ -12,13 +13,15 @@ import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, insert, select
+from sqlalchemy import (
+    BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, and_, case, func, insert, select,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
 from relay.store.runs import RunRow
 
-__all__ = ["FAILING_OUTCOMES", "NewTestResult", "TestResultRow", "TestResultView", "test_id_of"]
+__all__ = ["FAILING_OUTCOMES", "FlakyEvidence", "NewTestResult", "TestResultRow", "TestResultView", "test_id_of"]
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
 MESSAGE_MAX_CHARS = 4000
@@ -137,3 +140,50 @@ def since(session: Session, when: dt.datetime, backend: str | None = None) -> li
     if backend is not None:
         stmt = stmt.where(TestResultRow.backend == backend)
     return _views(session, stmt.order_by(TestResultRow.recorded_at, TestResultRow.id))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlakyEvidence:
+    """One test that both passed and failed for one backend on one tested torch commit: the runs of each."""
+
+    backend: str
+    test_id: str
+    torch_commit: str  # the torch the runs tested (the report's git_version, else the dispatched commit)
+    passed_runs: tuple[int, ...]
+    failed_runs: tuple[int, ...]
+    last_seen: dt.datetime
+
+
+def flaky(session: Session, when: dt.datetime, *, test_id: str | None = None, backend: str | None = None,
+          limit: int = 200) -> list[FlakyEvidence]:
+    """Tests with both a pass and a failure for one backend and one tested torch commit since ``when``,
+    most recently seen first, at most ``limit``."""
+    commit = func.coalesce(RunRow.torch_git_version, TestResultRow.head_sha)
+    where = [TestResultRow.recorded_at >= when, TestResultRow.outcome.in_(("passed", *FAILING_OUTCOMES))]
+    if test_id is not None:
+        where.append(TestResultRow.test_id == test_id)
+    if backend is not None:
+        where.append(TestResultRow.backend == backend)
+    passed = func.sum(case((TestResultRow.outcome == "passed", 1), else_=0))
+    groups = (
+        select(TestResultRow.backend, TestResultRow.test_id, commit.label("commit"),
+               func.max(TestResultRow.recorded_at).label("last_seen"))
+        .join(RunRow, RunRow.id == TestResultRow.run_pk).where(*where)
+        .group_by(TestResultRow.backend, TestResultRow.test_id, commit)
+        .having(passed > 0, passed < func.count())
+        .order_by(func.max(TestResultRow.recorded_at).desc()).limit(limit).subquery()
+    )
+    rows = session.execute(
+        select(groups.c.backend, groups.c.test_id, groups.c.commit, groups.c.last_seen, TestResultRow.outcome,
+               TestResultRow.run_pk)
+        .join(RunRow, RunRow.id == TestResultRow.run_pk)
+        .join(groups, and_(groups.c.backend == TestResultRow.backend, groups.c.test_id == TestResultRow.test_id,
+                           groups.c.commit == commit))
+        .where(*where).order_by(groups.c.last_seen.desc(), TestResultRow.id)
+    )
+    found: dict[tuple[str, str, str], tuple[list[int], list[int], dt.datetime]] = {}
+    for backend_name, test, torch_commit, last_seen, outcome, run_pk in rows:
+        ok, bad, _ = found.setdefault((backend_name, test, torch_commit), ([], [], last_seen))
+        (ok if outcome == "passed" else bad).append(run_pk)
+    return [FlakyEvidence(b, t, c, tuple(dict.fromkeys(ok)), tuple(dict.fromkeys(bad)), seen)
+            for (b, t, c), (ok, bad, seen) in found.items()]

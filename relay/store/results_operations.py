@@ -150,6 +150,12 @@ class ResultsOperations:
             return per_test_results.since(session, when, backend)
 
     @guarded
+    def flaky_tests(self, when: dt.datetime, *, test_id: str | None = None, backend: str | None = None,
+                    limit: int = 200) -> list[per_test_results.FlakyEvidence]:
+        with self._transaction() as session:
+            return per_test_results.flaky(session, when, test_id=test_id, backend=backend, limit=limit)
+
+    @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
         with self._transaction() as session:
             row = session.get(dispatches.Dispatch, dispatch_id)
