@@ -15,6 +15,9 @@ What appears upstream (``decide``) is the backend's level's row in :data:`relay.
 * ``always`` (L4): every PR (and push).
 * ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
   summary; on (L4): the real conclusion, meant to be a required check.
+* Any level that shows: a run whose report's torch is not the dispatched commit (:mod:`relay.provenance`)
+  is never a pass: ``failure`` where the backend blocks (L4), ``neutral`` where it does not (L3), and the
+  text says which torch was tested and which was expected.
 
 Two modes, from the relay's GitHub credentials: a GitHub App writes check runs (name
 ``crcr/<backend>``, ``external_id`` = the run's id, details link = the dashboard's run page, summary
@@ -84,6 +87,9 @@ class Decision:
 
 def _upstream_conclusion(run: RunView, target: BackendTarget) -> str:
     conclusion = run.conclusion or ("timed_out" if run.state == "timed_out" else "cancelled")
+    if run.provenance_problem and conclusion not in ("cancelled", "timed_out"):
+        # A result of another torch than the dispatched commit says nothing about this PR: never a pass.
+        return "failure" if target.blocks else "neutral"
     if not target.blocks and conclusion in _NON_BLOCKING:
         return "neutral"
     return conclusion
@@ -137,6 +143,8 @@ def summary_markdown(run: RunView, failures: list[TestResultView], details_url: 
     lines = [f"**{_counts_line(run)}** on `{run.backend}`"]
     if run.torch_version:
         lines[0] += f" (torch {md_code(run.torch_version)})"
+    if run.provenance_problem:
+        lines.append(f"\n**Not a result for this commit**: {md_code(run.provenance_problem)}")
     if run.reason:
         lines.append(f"\nReason: {run.reason.replace('_', ' ')}")
     suites = (run.summary or {}).get("suites") or {}
@@ -170,6 +178,8 @@ def status_description(run: RunView, decision: Decision, failures: list[TestResu
         text = _counts_line(run)
         if failures:
             text += f"; first: {plain_text(failures[0].test_id)}"
+        if run.provenance_problem:
+            text = plain_text(run.provenance_problem.split(" (")[0]) + f"; {text}"
         if decision.conclusion == "neutral":
             text = f"neutral (non-blocking): {text}"
     return text if len(text) <= DESCRIPTION_MAX_CHARS else text[: DESCRIPTION_MAX_CHARS - 1] + "…"

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from relay import provenance
 from relay.run_states import RunState, check_transition
 from relay.store import (
     callback_nonces, dispatches, per_test_results, quarantine, reported_states, rerun_requests, runs,
@@ -40,6 +41,7 @@ class CallbackUpdate:
     summary: dict[str, Any] | None = None
     torch_version: str | None = None
     reason: str | None = None  # the downstream's own message when it sent no report
+    torch_git_version: str | None = None  # the report's torch.git_version (None: no report)
     tests: Sequence[per_test_results.NewTestResult] = ()
 
 
@@ -48,6 +50,7 @@ class CallbackApplied:
     run: runs.RunView
     previous_state: str
     tests_recorded: int
+    superseded: tuple[int, ...] = ()  # older runs of the PR this in_progress cancelled (never started)
 
 
 class ResultsOperations:
@@ -73,19 +76,23 @@ class ResultsOperations:
             row.state, row.updated_at = update.target.value, now
             if update.run_url:
                 row.run_url = update.run_url[:2000]
-            recorded = 0
+            recorded, superseded = 0, []
             if update.target is RunState.in_progress:
                 row.started_at = now
+                superseded = runs.supersede(session, row, now)
             else:
                 row.finished_at = now
                 row.conclusion = update.conclusion
                 row.summary = update.summary
                 row.torch_version = update.torch_version
+                if update.torch_git_version is not None:
+                    verdict = provenance.check(update.torch_git_version, row.head_sha)
+                    row.torch_git_version, row.provenance = verdict.tested, verdict.verdict.value
                 if update.reason:
                     row.reason = update.reason
                 recorded = per_test_results.add_many(session, row, update.tests, now)
             session.flush()
-            return CallbackApplied(runs.view(row), previous, recorded)
+            return CallbackApplied(runs.view(row), previous, recorded, tuple(r.id for r in superseded))
 
     # --- sweeper --------------------------------------------------------------------------------
     @guarded

@@ -2,7 +2,7 @@
 
 Written by adoption (``adopt``: a sent dispatch that starts a run gets a ``dispatched`` row; a
 ``pull_request.closed`` dispatch cancels that PR's open runs), by callbacks (``bind`` then a state
-change decided by :mod:`relay.run_states`) and by the sweeper (time-outs). Read by reporting, re-runs, the
+change decided by :mod:`relay.run_states`; ``supersede`` when a newer run of a PR starts) and by the sweeper (time-outs). Read by reporting, re-runs, the
 level review and the dashboard. The downstream run id and attempt are unknown until the first
 callback: the ``dispatched`` row has them NULL and the first callback binds them.
 """
@@ -18,7 +18,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.run_states import FINAL_STATES, RunState, TransitionRefused, execution_seconds, queue_seconds
+from relay.provenance import describe as describe_provenance
+from relay.run_states import (
+    FINAL_STATES, RunState, TransitionRefused, check_transition, execution_seconds, queue_seconds,
+)
 from relay.store import quarantine
 from relay.store.base import Base
 from relay.store.deliveries import Delivery
@@ -69,6 +72,9 @@ class RunRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     torch_version: Mapped[str | None] = mapped_column(String(100))
+    # The report's torch.git_version and relay.provenance's verdict against head_sha (NULL: no report).
+    torch_git_version: Mapped[str | None] = mapped_column(String(64))
+    provenance: Mapped[str | None] = mapped_column(String(16))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,13 @@ class RunView:
     updated_at: dt.datetime
     summary: dict[str, Any] | None
     torch_version: str | None
+    torch_git_version: str | None = None
+    provenance: str | None = None  # matched | mismatched | unknown (relay.provenance); None without a report
+
+    @property
+    def provenance_problem(self) -> str | None:
+        """The sentence saying this run tested another torch than the dispatched commit, else None."""
+        return describe_provenance(self.provenance, self.torch_git_version, self.head_sha)
 
     @property
     def queue_seconds(self) -> float | None:
@@ -233,6 +246,24 @@ def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, no
     session.add(row)
     session.flush()
     return row
+
+
+def supersede(session: Session, started: RunRow, now: dt.datetime) -> list[RunRow]:
+    """Cancel (reason ``superseded``) the older runs of ``started``'s PR and backend that never started."""
+    if started.pr_number is None:
+        return []
+    older = session.scalars(
+        select(RunRow).where(
+            RunRow.backend == started.backend, RunRow.upstream_repository == started.upstream_repository,
+            RunRow.pr_number == started.pr_number, RunRow.state == RunState.dispatched.value,
+            RunRow.dispatched_at <= started.dispatched_at, RunRow.id != started.id,
+            RunRow.dispatch_id != started.dispatch_id,
+        ).order_by(RunRow.id).with_for_update()
+    ).all()
+    for run in older:
+        check_transition(RunState.dispatched, RunState.cancelled, run=view(run).describe())
+        run.state, run.reason, run.finished_at, run.updated_at = RunState.cancelled.value, "superseded", now, now
+    return list(older)
 
 
 def timed_out_candidates(
