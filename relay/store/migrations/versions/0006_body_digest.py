@@ -1,15 +1,15 @@
 """Deliveries remember the sha256 of their signed body (unique), so a replay under a fresh delivery id is a duplicate.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0006
+Revises: 0005
 Create Date: hostile input
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
