@@ -52,8 +52,8 @@ def _build(ctx, shape: tuple[int, ...]):
     _STATE["builds"] = build = _STATE.get("builds", 0) + 1
     if len(shape) == 1:
         return DeviceMesh.from_group(groups[0], ctx.device.type, mesh_dim_names=(f"world{build}",))
-    return DeviceMesh.from_group(groups, ctx.device.type, mesh=torch.arange(ctx.world_size).view(*shape),
-                                 mesh_dim_names=(f"dp{build}", f"tp{build}"))
+    layout = torch.arange(ctx.world_size, device="cpu").view(*shape)  # a mesh's rank layout lives on the host
+    return DeviceMesh.from_group(groups, ctx.device.type, mesh=layout, mesh_dim_names=(f"dp{build}", f"tp{build}"))
 
 
 def device_mesh(ctx, shape: tuple[int, ...], *, fresh: bool = False):
