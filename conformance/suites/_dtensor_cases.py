@@ -61,7 +61,7 @@ def _generator(*key):
 def global_tensor(shape_name: str, salt: str):
     import torch
 
-    return torch.randint(-20, 21, SHAPES[shape_name], generator=_generator(salt, shape_name)).float()
+    return torch.randint(-20, 21, SHAPES[shape_name], generator=_generator(salt, shape_name), device="cpu").float()
 
 
 def partial_values(target, op: str, count: int, salt: str) -> list:
@@ -71,12 +71,13 @@ def partial_values(target, op: str, count: int, salt: str) -> list:
 
     gen = _generator(salt, op, count)
     if op in ("sum", "avg"):
-        noise = [torch.randint(-9, 10, target.shape, generator=gen).float() for _ in range(count - 1)]
+        noise = [torch.randint(-9, 10, target.shape, generator=gen, device="cpu").float().to(target.device)
+                 for _ in range(count - 1)]
         if op == "sum":
             return noise + [target - sum(noise, torch.zeros_like(target))]
         return [target + n for n in noise] + [target - sum(noise, torch.zeros_like(target))]
-    winner = torch.randint(0, count, target.shape, generator=gen)
-    gap = torch.randint(1, 9, (count, *target.shape), generator=gen).float()
+    winner = torch.randint(0, count, target.shape, generator=gen, device="cpu").to(target.device)
+    gap = torch.randint(1, 9, (count, *target.shape), generator=gen, device="cpu").float().to(target.device)
     sign = -1.0 if op == "max" else 1.0
     return [torch.where(winner == k, target, target + sign * gap[k]) for k in range(count)]
 
@@ -191,16 +192,16 @@ def _op_inputs(op: str, one_row: bool, device):
     rows = 1 if one_row else 4
 
     def rnd(*shape):
-        return torch.randint(-4, 5, shape, generator=gen).float().to(device)
+        return torch.randint(-4, 5, shape, generator=gen, device="cpu").float().to(device)
 
     if op == "matmul":
         return [rnd(rows, 6), rnd(6, 4)], [True, True]
     if op == "bmm":
         return [rnd(2, rows, 6), rnd(2, 6, 4)], [True, True]
     if op.startswith("embedding"):
-        ids = torch.randint(0, 8, (rows, 3), generator=gen).to(device)
+        ids = torch.randint(0, 8, (rows, 3), generator=gen, device="cpu").to(device)
         return [ids, rnd(8, 5)], [False, True]
-    return [torch.randn(rows, 6, generator=gen).to(device)], [True]
+    return [torch.randn(rows, 6, generator=gen, device="cpu").to(device)], [True]
 
 
 def _apply_op(op: str, args):
@@ -244,7 +245,7 @@ def _op_case(ctx, op: str, specs: tuple[str, ...], mesh) -> dict[str, Any]:
         outs[0].full_tensor()
     fulls = [o.full_tensor() for o in outs]  # min/max(dim): values and indices; the gradient flows from values
     record["full"], record["eager"] = [f.detach() for f in fulls], [r.detach() for r in refs]
-    upstream = torch.randn(refs[0].shape, generator=_generator("upstream", op)).to(ctx.device)
+    upstream = torch.randn(refs[0].shape, generator=_generator("upstream", op), device="cpu").to(ctx.device)
     (refs[0] * upstream).sum().backward()
     (fulls[0] * upstream).sum().backward()
     record["grads"] = [(d.grad.full_tensor(), e.grad) for d, e in zip(dist_in, eager_in) if e.grad is not None]
@@ -343,7 +344,8 @@ def evaluate_compiled(ctx) -> dict[str, dict]:
         from torch.distributed.tensor import distribute_tensor
 
         gen = _generator("compiled")
-        x, w = torch.randn(8, 6, generator=gen).to(ctx.device), torch.randn(6, 4, generator=gen).to(ctx.device)
+        x = torch.randn(8, 6, generator=gen, device="cpu").to(ctx.device)
+        w = torch.randn(6, 4, generator=gen, device="cpu").to(ctx.device)
         dx, dw = distribute_tensor(x, mesh, placements("S0")), distribute_tensor(w, mesh, placements("R"))
         compiled = torch.compile(_compiled_model, fullgraph=True)(dx, dw)
         return {"compiled": compiled.full_tensor(), "eager": _compiled_model(x, w),
