@@ -155,6 +155,11 @@ class Settings(BaseSettings):
     level_max_time_to_result_seconds: float = Field(3 * 3600.0, gt=0)
     level_min_runs: int = Field(5, ge=1)
 
+    # --- observability
+    metrics_token: SecretStr | None = Field(
+        None, description="if set, GET /metrics needs 'Authorization: Bearer <token>'; unset: /metrics is open",
+    )
+
     # --- logs
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
