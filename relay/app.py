@@ -20,7 +20,7 @@ from fastapi import FastAPI
 
 from conformance.descriptors import packaged_backends_dir
 
-from relay import callbacks, dashboard, intake, observability, wiring
+from relay import callbacks, dashboard, intake, observability, security_headers, wiring
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.settings import Settings
@@ -57,7 +57,9 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
                 app.state.dispatcher.stop()
             store.close()
 
-    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan)
+    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    security_headers.install(app)
     app.state.settings = settings
     app.state.secrets = settings.secret_values()
     app.state.allowlist = allowlist
