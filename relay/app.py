@@ -23,6 +23,7 @@ from conformance.descriptors import packaged_backends_dir
 from relay import callbacks, dashboard, intake, observability, security_headers, wiring
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
+from relay.request_body import BodyBudget
 from relay.settings import Settings
 from relay.store import Store
 from relay.trust import load_allowlist
@@ -62,6 +63,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     security_headers.install(app)
     app.state.settings = settings
     app.state.secrets = settings.secret_values()
+    app.state.body_budget = BodyBudget(settings.unauthenticated_body_budget_bytes)
     app.state.allowlist = allowlist
     app.state.store = store
     app.state.metrics = metrics

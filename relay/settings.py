@@ -94,6 +94,14 @@ class Settings(BaseSettings):
     )
     upstream_repo: str = Field("pytorch/pytorch", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
     max_body_bytes: int = Field(25 * 1024 * 1024, gt=0, description="webhooks larger than this get 413")
+    unauthenticated_body_budget_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="webhook bytes read at once before their signature is checked; beyond: 503",
+    )
+    body_read_timeout_seconds: float = Field(30.0, gt=0, description="a request body must arrive within this (408)")
+    http_max_connections: int = Field(
+        512, ge=1, description="relay serve: connections and requests at once (uvicorn limit_concurrency; beyond: 503)",
+    )
+    http_keep_alive_seconds: float = Field(5.0, gt=0, description="relay serve: idle keep-alive connections close after this")
     backends_dir: Path | None = Field(None, description="folder of backend descriptors (the allowlist)")
 
     # --- GitHub
