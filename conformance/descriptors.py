@@ -148,6 +148,16 @@ class RelayTarget(_Strict):
     quarantine: tuple[QuarantinedTest, ...] = Field(
         default=(), description="tests whose failures do not block (each with a reason and an expiry)"
     )
+    repository_id: int | None = Field(
+        default=None, gt=0, description="GitHub's numeric id of the repository (OIDC repository_id); unset: pinned at the first callback"
+    )
+    repository_owner_id: int | None = Field(
+        default=None, gt=0, description="numeric id of the repository's owner (OIDC repository_owner_id); unset: pinned likewise"
+    )
+    workflow_ref: str | None = Field(
+        default=None, max_length=500,
+        description="if set, OIDC callbacks must come from this workflow (the token's workflow_ref, owner/repo/path@ref)",
+    )
 
     @field_validator("repository")
     @classmethod

@@ -223,6 +223,11 @@ class BackendTarget:
     level_since: dt.date | None = None
     quarantine: tuple[QuarantinedTest, ...] = ()
     callback_token_sha256: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The repository's numeric identity for OIDC callbacks (None: pinned at the first callback), and
+    # the workflow its callbacks must come from (None: any).
+    repository_id: int | None = None
+    repository_owner_id: int | None = None
+    workflow_ref: str | None = None
 
     @property
     def switches(self) -> Switches:
@@ -267,6 +272,8 @@ class BackendTarget:
             label=descriptor.relay_label, level_since=descriptor.relay.level_since,
             quarantine=descriptor.relay.quarantine,
             callback_token_sha256=descriptor.relay.callback_token_sha256,
+            repository_id=descriptor.relay.repository_id, repository_owner_id=descriptor.relay.repository_owner_id,
+            workflow_ref=descriptor.relay.workflow_ref,
         )
 
 
