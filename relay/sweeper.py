@@ -1,12 +1,12 @@
 """The sweeper: a periodic pass that keeps the run records honest when callbacks never come.
 
 Triggered every ``RELAY_SWEEP_INTERVAL_SECONDS`` by its own thread (started with the app), or once
-by ``sweep_once()``. Reads dispatches and runs; writes runs (through :mod:`relay.store`) and hands every
-run it changed to reporting, so an upstream check stuck at "in progress" gets its final state.
+by ``sweep_once()``. Reads runs and dispatches; writes runs and expired nonces (through
+:mod:`relay.store`) and wakes reporting, which finds the runs it changed by their rows, so an upstream
+check stuck at "in progress" gets its final state. (Run rows are created by the dispatcher, in the
+transaction that marks a dispatch sent.)
 Each action has a named reason, logged and counted (``relay_sweeper_actions_total{reason}``):
 
-* ``adopted``: a sent dispatch that starts a run gets its ``dispatched`` run record;
-* ``pull_request_closed``: a dispatched ``closed`` event cancels that PR's open runs of the backend;
 * ``never_started``: dispatched, but no ``in_progress`` within ``RELAY_RUN_START_TIMEOUT_SECONDS``
   -> ``timed_out``;
 * ``ran_too_long``: ``in_progress`` for longer than ``RELAY_RUN_TIMEOUT_SECONDS`` (default 3 days)
@@ -31,7 +31,7 @@ __all__ = ["REASONS", "Sweeper"]
 
 log = logging.getLogger("relay.sweeper")
 
-REASONS = ("adopted", "pull_request_closed", "never_started", "ran_too_long", "nonce_expired")
+REASONS = ("never_started", "ran_too_long", "nonce_expired")
 
 
 class Sweeper:
@@ -61,9 +61,6 @@ class Sweeper:
         now = self.clock()
         counts = dict.fromkeys(REASONS, 0)
         changed: list[int] = []
-        adopted, cancelled = self.store.adopt_dispatches(since=now - self.nonce_ttl)
-        counts["adopted"], counts["pull_request_closed"] = len(adopted), len(cancelled)
-        changed += adopted + cancelled
         for run, reason in self.store.time_out_runs(
             unstarted_before=now - self.start_timeout, running_before=now - self.run_timeout,
         ):
