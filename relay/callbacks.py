@@ -3,8 +3,8 @@
 Triggered by a backend repository's workflow (``.github/workflows/conformance.yml``): once with
 ``state: in_progress`` when the run starts, once with ``state: completed``, a ``conclusion`` and the
 conformance JSON report when it ends. Reads the caller's credentials (:mod:`relay.oidc`), the
-dispatch the nonce names, and the run record; writes the run's state, times and per-test results
-(one transaction, through :mod:`relay.store`), then hands the run to reporting (:mod:`relay.reporting`).
+dispatch the nonce names, and the run record; writes the run's state, times, per-test results and
+whether the report's torch is the dispatched commit (:mod:`relay.provenance`) (one transaction, through :mod:`relay.store`), then hands the run to reporting (:mod:`relay.reporting`).
 
 Checks, in order, each with its own answer (JSON ``{"error": code, "detail": sentence}``):
 
@@ -224,11 +224,14 @@ class CallbackService:
             "backend": run.backend, "run": run.id, "run_id": run.run_id, "attempt": run.run_attempt,
             "state": run.state, "previous": applied.previous_state, "delivery": run.delivery_id,
         })
+        if applied.superseded:
+            log.info("runs superseded", extra={"backend": run.backend, "run": run.id, "superseded": applied.superseded})
         if self.on_run_changed is not None:
-            try:
-                self.on_run_changed(run.id)
-            except Exception:  # reporting must never fail an accepted callback
-                log.exception("could not hand run %s to reporting", run.id)
+            for changed in (run.id, *applied.superseded):
+                try:
+                    self.on_run_changed(changed)
+                except Exception:  # reporting must never fail an accepted callback
+                    log.exception("could not hand run %s to reporting", changed)
         return CallbackAccepted(
             run=run.id, backend=run.backend, state=run.state, previous_state=applied.previous_state,
             conclusion=run.conclusion, queue_seconds=run.queue_seconds, execution_seconds=run.execution_seconds,
@@ -241,7 +244,7 @@ class CallbackService:
                       run_url=callback.run_url)
         if callback.state == "in_progress":
             return CallbackUpdate(target=RunState.in_progress, **common)
-        summary = tests = torch_version = None
+        summary = tests = torch_version = torch_git_version = None
         if callback.report is not None:
             try:
                 report = validate_report(callback.report)
@@ -259,10 +262,11 @@ class CallbackService:
                 "torch_git_version": report.torch.git_version,
             }
             tests = [NewTestResult(t.nodeid, t.suite, t.outcome, t.duration, t.message) for t in report.tests]
-            torch_version = report.torch.version
+            torch_version, torch_git_version = report.torch.version, report.torch.git_version
         return CallbackUpdate(
             target=state_for_conclusion(callback.conclusion), conclusion=callback.conclusion, summary=summary,
-            torch_version=torch_version, tests=tests or (), reason=callback.message, **common,
+            torch_version=torch_version, torch_git_version=torch_git_version, tests=tests or (),
+            reason=callback.message, **common,
         )
 
 

@@ -8,9 +8,10 @@ above 90 % for one whose results show on the PR (L3, L4), and every run finished
 dispatch. What each level shows, and the order of the levels, come from :data:`relay.trust.LEVELS`; a
 promotion to a level whose check blocks PRs is left to the maintainers.
 
-Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` is a success, every
-other conclusion and every time-out is not; cancelled runs (superseded by a newer push, or the PR was
-closed) are left out. Time to result is ``finished_at - dispatched_at`` (queue + execution).
+Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` of the dispatched
+commit's torch is a success, every other conclusion, a success of another torch (relay.provenance)
+and every time-out is not; cancelled runs (superseded by a newer push, or the PR was closed) are left
+out. Time to result is ``finished_at - dispatched_at`` (queue + execution).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def week_stats(backend: str, runs: Iterable[RunView], since: dt.datetime, until:
     times = [t for t in map(_time_to_result, counted) if t is not None]
     return WeekStats(
         backend=backend, since=since, until=until, runs=len(counted),
-        successes=sum(1 for r in counted if r.state == "completed" and r.conclusion == "success"),
+        successes=sum(1 for r in counted if r.state == "completed" and r.conclusion == "success"
+                      and not r.provenance_problem),
         within_limit=sum(1 for t in times if t <= bars.max_time_to_result_seconds),
         time_to_result_p50=_p50(times), time_to_result_max=max(times) if times else None,
         queue_p50=_p50([q for q in (r.queue_seconds for r in counted) if q is not None]),

@@ -8,15 +8,18 @@ one process (tests) never share counters.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import logging
 import sys
 import time
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from pydantic import BaseModel, Field
 
 from relay.store import Store, StoreUnavailable
 
@@ -65,6 +68,16 @@ class _OutboxDepth:
         for state, count in depth.items():
             family.add_metric([state], count)
         yield family
+        quarantined = GaugeMetricFamily(
+            "relay_quarantined_rows", "rows a background pass set aside (see /api/quarantine), by worker", labels=["worker"],
+        )
+        try:
+            counts = self._store.quarantine_counts()
+        except StoreUnavailable:
+            return
+        for worker, count in sorted(counts.items()):
+            quarantined.add_metric([worker], count)
+        yield quarantined
 
 
 class Metrics:
@@ -95,12 +108,33 @@ router = APIRouter(tags=["observability"])
 
 @router.get("/healthz")
 def healthz(request: Request) -> JSONResponse:
-    """200 when the store can be written within its deadline, 503 naming the problem otherwise."""
+    """200 when the store can be written within its deadline and no background worker keeps failing;
+    503 naming the problem otherwise."""
     try:
         request.app.state.store.probe()
     except StoreUnavailable as exc:
         return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+    problems = request.app.state.results.problems()
+    if problems:
+        return JSONResponse({"status": "worker_failing", "detail": "; ".join(problems)}, status_code=503)
     return JSONResponse({"status": "ok"})
+
+
+class QuarantinedEntry(BaseModel):
+    worker: str = Field(description="the pass that set the row aside: run_rows (the run of a sent dispatch), time_outs or re-runs")
+    subject: str = Field(description="the row, e.g. 'dispatch 17', 'run 5', 'delivery <id>'")
+    error: str = Field(description="the error handling it raised")
+    quarantined_at: dt.datetime
+
+
+@router.get("/api/quarantine", response_model=list[QuarantinedEntry])
+def quarantined(request: Request, limit: int = Query(100, ge=1, le=1000)) -> list[QuarantinedEntry]:
+    """Rows background passes could not handle, newest first: each is skipped until an operator fixes it."""
+    try:
+        entries = request.app.state.store.quarantined(limit)
+    except StoreUnavailable as exc:
+        return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
+    return [QuarantinedEntry(**dataclasses.asdict(entry)) for entry in entries]
 
 
 @router.get("/metrics")

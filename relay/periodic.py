@@ -1,7 +1,9 @@
 """A background thread that runs one pass of work every few seconds until the app stops.
 
 Used by the sweeper and the re-run watcher: a pass that raises is logged and the next pass runs as
-planned, so one bad row never stops the loop.
+planned, so one bad row never stops the loop. The passes handle bad rows themselves (quarantine, see
+``relay.store.quarantine``); a pass that still raises means the worker itself is failing, and after
+``FAILING_AFTER`` such passes in a row :meth:`PeriodicThread.problem` says so (``/healthz`` reports it).
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-__all__ = ["PeriodicThread"]
+__all__ = ["FAILING_AFTER", "PeriodicThread"]
 
 log = logging.getLogger("relay.periodic")
+
+FAILING_AFTER = 3  # passes failed in a row before the worker counts as failing
 
 
 class PeriodicThread:
@@ -24,6 +28,8 @@ class PeriodicThread:
         self.work = work
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failures_in_a_row = 0
+        self.last_error: str | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
@@ -34,10 +40,20 @@ class PeriodicThread:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def problem(self) -> str | None:
+        """None while the worker works; else a sentence naming it, its failed passes and the last error."""
+        if self.failures_in_a_row < FAILING_AFTER:
+            return None
+        return f"{self.name}: its last {self.failures_in_a_row} passes failed; last error: {self.last_error}"
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.work()
-            except Exception:
+            except Exception as exc:
+                self.failures_in_a_row += 1
+                self.last_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 log.exception("%s: pass failed; next pass in %.1f s", self.name, self.interval)
+            else:
+                self.failures_in_a_row = 0
             self._stop.wait(self.interval)

@@ -16,6 +16,9 @@ What appears upstream (``decide``) is the backend's level's row in :data:`relay.
 * ``always`` (L4): every PR (and push).
 * ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
   summary; on (L4): the real conclusion, meant to be a required check.
+* Any level that shows: a run whose report's torch is not the dispatched commit (:mod:`relay.provenance`)
+  is never a pass: ``failure`` where the backend blocks (L4), ``neutral`` where it does not (L3), and the
+  text says which torch was tested and which was expected.
 
 Two modes, from the relay's GitHub credentials: a GitHub App writes check runs (name
 ``crcr/<backend>``, ``external_id`` = the run's id, details link = the dashboard's run page, summary
@@ -33,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -84,6 +88,9 @@ class Decision:
 
 def _upstream_conclusion(run: RunView, target: BackendTarget) -> str:
     conclusion = run.conclusion or ("timed_out" if run.state == "timed_out" else "cancelled")
+    if run.provenance_problem and conclusion not in ("cancelled", "timed_out"):
+        # A result of another torch than the dispatched commit says nothing about this PR: never a pass.
+        return "failure" if target.blocks else "neutral"
     if not target.blocks and conclusion in _NON_BLOCKING:
         return "neutral"
     return conclusion
@@ -112,14 +119,33 @@ def _counts_line(run: RunView) -> str:
     return ", ".join(parts)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def md_code(text: str, *, in_table: bool = False) -> str:
+    """``text`` as one inert Markdown code span: no link, image, HTML, mention or autolink survives.
+
+    Everything a report carries (test ids, suite names, torch versions) is written through this. The
+    fence is one backtick longer than the longest run of backticks inside, so nothing can close it
+    early; line breaks become spaces (they would end a list item or a table row); in a table, ``|``
+    is escaped, because GitHub splits cells before it reads code spans.
+    """
+    flat = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    if in_table:
+        flat = flat.replace("|", "\\|")
+    return f"{fence} {flat} {fence}" if flat else "` `"
+
+
+def plain_text(text: str) -> str:
+    """One line of printable text (commit status descriptions are shown as they are sent)."""
+    return "".join(ch if ch.isprintable() else " " for ch in " ".join(text.split()))
 
 
 def summary_markdown(run: RunView, failures: list[TestResultView], details_url: str) -> str:
     lines = [f"**{_counts_line(run)}** on `{run.backend}`"]
     if run.torch_version:
-        lines[0] += f" (torch {run.torch_version})"
+        lines[0] += f" (torch {md_code(run.torch_version)})"
+    if run.provenance_problem:
+        lines.append(f"\n**Not a result for this commit**: {md_code(run.provenance_problem)}")
     if run.reason:
         lines.append(f"\nReason: {run.reason.replace('_', ' ')}")
     suites = (run.summary or {}).get("suites") or {}
@@ -127,16 +153,18 @@ def summary_markdown(run: RunView, failures: list[TestResultView], details_url: 
         lines += ["", "| suite | passed | failed | errors | skipped | xfailed | total |", "|---|---|---|---|---|---|---|"]
         for suite, c in suites.items():
             lines.append(
-                f"| {_md_cell(suite)} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('errors', 0)} | "
+                f"| {md_code(suite, in_table=True)} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('errors', 0)} | "
                 f"{c.get('skipped', 0)} | {c.get('xfailed', 0)} | {c.get('total', 0)} |"
             )
     if failures:
         lines += ["", f"First failing tests ({min(len(failures), FIRST_FAILURES)} of {len(failures)}):", ""]
         for failure in failures[:FIRST_FAILURES]:
-            message = failure.message.strip().replace("```", "'''")[:1500]
-            lines.append(f"- `{failure.test_id}` ({failure.outcome})")
+            message = failure.message.strip()[:1500]
+            lines.append(f"- {md_code(failure.test_id)} ({failure.outcome})")
             if message:
-                lines += ["  ```", *("  " + m for m in message.splitlines()[:15]), "  ```"]
+                # A fenced block is literal text; its fence outgrows any backtick run of the message.
+                fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", message)), default=0))
+                lines += [f"  {fence}", *("  " + m for m in message.splitlines()[:15]), f"  {fence}"]
     lines += ["", f"Full results: {details_url}"]
     text = "\n".join(lines)
     return text if len(text) <= SUMMARY_MAX_CHARS else text[: SUMMARY_MAX_CHARS - 20] + "\n\n(cut)"
@@ -150,7 +178,9 @@ def status_description(run: RunView, decision: Decision, failures: list[TestResu
     else:
         text = _counts_line(run)
         if failures:
-            text += f"; first: {failures[0].test_id}"
+            text += f"; first: {plain_text(failures[0].test_id)}"
+        if run.provenance_problem:
+            text = plain_text(run.provenance_problem.split(" (")[0]) + f"; {text}"
         if decision.conclusion == "neutral":
             text = f"neutral (non-blocking): {text}"
     return text if len(text) <= DESCRIPTION_MAX_CHARS else text[: DESCRIPTION_MAX_CHARS - 1] + "…"

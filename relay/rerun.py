@@ -4,7 +4,11 @@ Triggered by the re-run watcher's poll (every ``RELAY_RERUN_POLL_SECONDS``) over
 stored for the results side: ``check_run.rerequested`` (the "Re-run" button on one of our check runs),
 ``check_suite.rerequested`` ("Re-run all checks": every backend with a check run on that commit), and a PR
 comment ``/retest`` or ``/retest <backend>`` whose author's association is OWNER, MEMBER or
-COLLABORATOR. Anyone else's comment, or a request for something that is not ours, is ignored with a
+COLLABORATOR. A check run is ours only when all of these hold: it comes from the relay's GitHub App,
+its name is ``crcr/<backend>``, its ``external_id`` names a run of that backend on the same head sha,
+and its id is the check run the relay recorded creating for that run (a relay writing commit
+statuses owns no check run). A check suite must come from the relay's App; a ``/retest`` comment
+must name its PR (``issue.number``). Anyone else's comment, or a request for something that is not ours, is ignored with a
 log line saying why. Reads the stored webhook and the runs it names; writes, in one transaction, a
 record of what the request did and the new outbox rows (same event, same commit, a fresh nonce), which
 the dispatcher then sends like any other.
@@ -21,8 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from relay.periodic import PeriodicThread
-from relay.store import NewDispatch
+from relay.store import NewDispatch, StoreUnavailable
 from relay.store.deliveries import DeliveryView
+from relay.store.rerun_requests import RERUNS
 from relay.store.runs import RunView
 from relay.trust import BackendTarget
 
@@ -57,30 +62,58 @@ def _latest_per_backend(runs: Iterable[RunView]) -> list[RunView]:
     return sorted(latest.values(), key=lambda r: r.backend)
 
 
-def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, BackendTarget], upstream: str) -> RerunDecision:
-    """decide_rerun(event, webhook payload, store, allowlisted backends by name, upstream repo)."""
+def _app_refusal(what: str, section: dict[str, Any], app_id: str | None) -> str | None:
+    """Why a check_run/check_suite event is not ours by its App, or None when it is."""
+    if app_id is None:
+        return f"the relay reports commit statuses (no GitHub App), so no {what} is its own"
+    app = (section.get("app") or {}).get("id")
+    if str(app) != str(app_id):
+        return f"the {what} belongs to app {app}, not to the relay's app {app_id}"
+    return None
+
+
+def _check_run_decision(check: dict[str, Any], store, app_id: str | None) -> RerunDecision:
+    """Re-run one check run, only if the relay created it: our App, our name, our run, same backend and head."""
+    name = str(check.get("name") or "")
+    if not name.startswith(CHECK_PREFIX):
+        return RerunDecision(reason=f"check run {name!r} is not one of the relay's (crcr/<backend>)")
+    refusal = _app_refusal("check run", check, app_id)
+    if refusal:
+        return RerunDecision(reason=refusal)
+    external = str(check.get("external_id") or "")
+    if not external.isdigit():
+        return RerunDecision(reason=f"check run {name!r} has no external_id naming a relay run")
+    run = store.run(int(external))
+    if run is None:
+        return RerunDecision(reason=f"external_id {external} of {name!r} names no run the relay knows")
+    if f"{CHECK_PREFIX}{run.backend}" != name:
+        return RerunDecision(reason=f"run {run.id} of check run {name!r} belongs to backend {run.backend!r}")
+    if run.head_sha != check.get("head_sha"):
+        return RerunDecision(reason=f"check run {name!r} is on head {str(check.get('head_sha'))[:12]}, run {run.id} on {run.head_sha[:12]}")
+    reported = store.reported_state(run.id, "check_run")
+    if reported is None or reported.external_id is None:
+        return RerunDecision(reason=f"the relay created no check run for run {run.id}")
+    if check.get("id") != reported.external_id:
+        return RerunDecision(reason=f"check run {check.get('id')} is not the check run {reported.external_id} the relay created for run {run.id}")
+    return RerunDecision(runs=(run,))
+
+
+def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[str, BackendTarget], upstream: str,
+                 app_id: str | None = None) -> RerunDecision:
+    """decide_rerun(event, webhook payload, store, allowlisted backends by name, upstream repo, the relay's App id)."""
     action = payload.get("action")
     if event == "check_run":
         if action != "rerequested":
             return RerunDecision(reason=f"check_run.{action} asks for nothing")
-        check = payload.get("check_run") or {}
-        name = str(check.get("name") or "")
-        if not name.startswith(CHECK_PREFIX):
-            return RerunDecision(reason=f"check run {name!r} is not one of the relay's (crcr/<backend>)")
-        run = None
-        external = str(check.get("external_id") or "")
-        if external.isdigit():
-            run = store.run(int(external))
-        if run is None:
-            candidates = store.runs(backend=name[len(CHECK_PREFIX):], head_sha=str(check.get("head_sha") or ""), limit=1)
-            run = candidates[0] if candidates else None
-        if run is None:
-            return RerunDecision(reason=f"no run of {name!r} is known for that check run")
-        return RerunDecision(runs=(run,))
+        return _check_run_decision(payload.get("check_run") or {}, store, app_id)
     if event == "check_suite":
         if action != "rerequested":
             return RerunDecision(reason=f"check_suite.{action} asks for nothing")
-        head_sha = str((payload.get("check_suite") or {}).get("head_sha") or "")
+        suite = payload.get("check_suite") or {}
+        refusal = _app_refusal("check suite", suite, app_id)
+        if refusal:
+            return RerunDecision(reason=refusal)
+        head_sha = str(suite.get("head_sha") or "")
         runs = _latest_per_backend(store.runs(upstream_repository=upstream, head_sha=head_sha))
         # The suite holds only the check runs the relay reported: re-run those backends, not every one.
         checked = {s.run_pk for s in store.reported_states([r.id for r in runs])
@@ -106,7 +139,9 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
         if backend is not None and backend not in backends:
             return RerunDecision(reason=f"/retest {backend}: no such backend; known: {', '.join(sorted(backends))}")
         number = issue.get("number")
-        pr = store.pull_request(upstream, number) if isinstance(number, int) else None
+        if not isinstance(number, int) or isinstance(number, bool):
+            return RerunDecision(reason="/retest on a comment without issue.number: no pull request to repeat")
+        pr = store.pull_request(upstream, number)
         runs = store.runs(upstream_repository=upstream, pr_number=number, backend=backend,
                           head_sha=pr.head_sha if pr is not None else None)
         runs = _latest_per_backend(runs)
@@ -120,11 +155,12 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
 class RerunWatcher:
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
-    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, poll_seconds: float = 2.0,
-                 on_dispatched: Callable[[], None] | None = None):
+    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, app_id: str | None = None,
+                 poll_seconds: float = 2.0, on_dispatched: Callable[[], None] | None = None):
         self.store = store
         self.backends = dict(backends)
         self.upstream = upstream
+        self.app_id = app_id  # the relay's GitHub App: only its check runs and suites are re-run
         self.poll_seconds = poll_seconds
         self.on_dispatched = on_dispatched  # the dispatcher's wake()
         self._periodic = PeriodicThread("relay-reruns", poll_seconds, self.poll_once)
@@ -135,7 +171,7 @@ class RerunWatcher:
             payload = json.loads(delivery.payload or "{}")
         except json.JSONDecodeError:
             payload = {}
-        decision = decide_rerun(delivery.event, payload, self.store, self.backends, self.upstream)
+        decision = decide_rerun(delivery.event, payload, self.store, self.backends, self.upstream, self.app_id)
         new = []
         for run in decision.runs:
             base = self.store.dispatch_payload(run.dispatch_id)
@@ -162,8 +198,18 @@ class RerunWatcher:
     def poll_once(self) -> int:
         pending = self.store.unhandled_rerun_requests()
         for delivery in pending:
-            self.handle(delivery)
+            try:
+                self.handle(delivery)
+            except StoreUnavailable:
+                raise  # the store is at fault, not the request: the next poll tries again
+            except Exception as exc:  # noqa: BLE001 - one request that cannot be handled never stops the others
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("re-run request quarantined", extra={"delivery": delivery.delivery_id, "error": error})
+                self.store.quarantine_row(RERUNS, f"delivery {delivery.delivery_id}", error)
         return len(pending)
+
+    def problem(self) -> str | None:
+        return self._periodic.problem()
 
     def start(self) -> None:
         self._periodic.start()

@@ -1,7 +1,7 @@
 """The run state machine: what a downstream run may do next, and the refusal when it may not.
 
 Triggered by the callback handler (``in_progress``, ``completed``), the sweeper (time-outs) and the
-adoption of a ``pull_request.closed`` dispatch (cancellation); the store applies the decision inside
+dispatcher marking a ``pull_request.closed`` dispatch sent (cancellation); the store applies the decision inside
 the transaction that locks the run. Reads and writes nothing itself: it is pure, so every transition
 and every refusal can be tested without a database.
 
@@ -10,11 +10,15 @@ A run is one (delivery, backend, downstream run id, attempt). Its life, in one t
     dispatched  --in_progress-->  in_progress
     dispatched  --sweeper------>  timed_out     (never started)
     dispatched  --PR closed---->  cancelled
+    dispatched  --superseded--->  cancelled     (a newer run of the same PR and backend started)
     in_progress --completed---->  completed | cancelled | timed_out   (by the reported conclusion)
     in_progress --sweeper------>  timed_out     (ran too long)
     in_progress --PR closed---->  cancelled
 
-``completed``, ``timed_out`` and ``cancelled`` are final. Queue time is ``started_at - dispatched_at``;
+``completed``, ``timed_out`` and ``cancelled`` are final. A run is superseded when a newer dispatch of
+the same PR to the same backend reports ``in_progress`` while it has not started: the backend's
+concurrency group cancelled it before it ran, so it would otherwise sit until the sweeper timed it
+out as ``never_started`` and count against the backend. Cancelled runs never count against a level. Queue time is ``started_at - dispatched_at``;
 execution time is ``finished_at - started_at``.
 """
 
@@ -24,6 +28,7 @@ import datetime as dt
 import enum
 
 __all__ = [
+    "CANCEL_REASONS",
     "CONCLUSIONS",
     "FINAL_STATES",
     "TRANSITIONS",
@@ -54,6 +59,9 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 }
 
 FINAL_STATES = frozenset(state for state, nexts in TRANSITIONS.items() if not nexts)
+
+# Why the relay itself cancelled a run (runs.reason).
+CANCEL_REASONS = ("pull_request_closed", "superseded")
 
 # GitHub Actions' conclusions (what a downstream workflow's job.status / run conclusion can be).
 CONCLUSIONS = ("success", "failure", "cancelled", "timed_out", "neutral", "skipped", "action_required")

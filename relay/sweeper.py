@@ -27,11 +27,15 @@ from prometheus_client import CollectorRegistry, Counter
 from relay.periodic import PeriodicThread
 from relay.store.base import utcnow
 
-__all__ = ["REASONS", "Sweeper"]
+__all__ = ["REASONS", "SweepFailed", "Sweeper"]
 
 log = logging.getLogger("relay.sweeper")
 
 REASONS = ("never_started", "ran_too_long", "nonce_expired")
+
+
+class SweepFailed(RuntimeError):
+    """A step of the pass raised (the message names each step and its error); the others ran."""
 
 
 class Sweeper:
@@ -57,18 +61,38 @@ class Sweeper:
         self._periodic = PeriodicThread("relay-sweeper", interval_seconds, self.sweep_once)
 
     def sweep_once(self) -> dict[str, int]:
-        """One pass; returns the count of each reason (every reason present, zeros included)."""
+        """One pass; returns the count of each reason (every reason present, zeros included).
+
+        Each step runs even when an earlier one failed (nonce expiry never waits on time-outs); rows a
+        step cannot handle are quarantined by the store. A step that still raised
+        makes the pass raise :class:`SweepFailed` at its end, so the worker counts as failing.
+        """
         now = self.clock()
         counts = dict.fromkeys(REASONS, 0)
         changed: list[int] = []
-        for run, reason in self.store.time_out_runs(
-            unstarted_before=now - self.start_timeout, running_before=now - self.run_timeout,
-        ):
-            counts[reason] += 1
-            changed.append(run.id)
-            log.info("run timed out", extra={"run": run.id, "backend": run.backend, "reason": reason,
-                                             "delivery": run.delivery_id})
-        counts["nonce_expired"] = self.store.expire_nonces(sent_before=now - self.nonce_ttl)
+        failed: list[str] = []
+
+        def step(name: str, work: Callable[[], None]) -> None:
+            try:
+                work()
+            except Exception as exc:  # noqa: BLE001 - the other steps still run
+                log.exception("sweep step failed", extra={"step": name})
+                failed.append(f"{name}: {type(exc).__name__}: {exc}")
+
+        def time_out() -> None:
+            for run, reason in self.store.time_out_runs(
+                unstarted_before=now - self.start_timeout, running_before=now - self.run_timeout,
+            ):
+                counts[reason] += 1
+                changed.append(run.id)
+                log.info("run timed out", extra={"run": run.id, "backend": run.backend, "reason": reason,
+                                                 "delivery": run.delivery_id})
+
+        def expire() -> None:
+            counts["nonce_expired"] = self.store.expire_nonces(sent_before=now - self.nonce_ttl)
+
+        step("time-outs", time_out)
+        step("nonce expiry", expire)
         for reason, count in counts.items():
             if count:
                 self._counter.labels(reason=reason).inc(count)
@@ -78,7 +102,12 @@ class Sweeper:
         if self.on_run_changed is not None:
             for run_pk in changed:
                 self.on_run_changed(run_pk)
+        if failed:
+            raise SweepFailed("; ".join(failed))
         return counts
+
+    def problem(self) -> str | None:
+        return self._periodic.problem()
 
     def start(self) -> None:
         self._periodic.start()

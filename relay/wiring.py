@@ -43,6 +43,10 @@ class ResultsSide:
             if part is not None:
                 part.stop()
 
+    def problems(self) -> list[str]:
+        """One sentence per background worker whose passes keep failing (``/healthz``)."""
+        return [p for p in (part.problem() for part in (self.sweeper, self.reruns) if part is not None) if p]
+
     def run_changed(self, _run_pk: int | None = None) -> None:
         """A run row changed: reporting looks now (it reads what changed from the store)."""
         if self.reporting is not None:
@@ -77,8 +81,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
             registry=metrics.registry,
         )
     side.reruns = RerunWatcher(
-        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, poll_seconds=settings.rerun_poll_seconds,
-        on_dispatched=dispatcher.wake if dispatcher is not None else None,
+        store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, app_id=settings.github_app_id,
+        poll_seconds=settings.rerun_poll_seconds, on_dispatched=dispatcher.wake if dispatcher is not None else None,
     )
     if dispatcher is not None:
         dispatcher.on_sent = side.run_changed

@@ -2,7 +2,8 @@
 
 Triggered by ``test_dtensor_argminmax``. One ``evaluate_matrix`` call runs every case of one mesh on
 every rank (a few thousand small ops: far cheaper than a ranks.run per case), catching each case's
-exception inside the rank so that one crashing case cannot take the process group down. Each case
+exception inside the rank and agreeing on each outcome (``_dtensor_mesh.run_cases``), so that a case
+that crashes, even on one rank only, cannot take the process group down or hang its peers. Each case
 records what eager torch says on the full tensor (on the same device) and what the DTensor op gave:
 its placements and its full tensor, or the error it raised. ``verdict`` (controller side) turns one
 case's record into None (conformant) or a one-paragraph explanation.
@@ -15,9 +16,10 @@ the DTensor, the default) or ``"package.module:ATTRIBUTE"``, a function ``(dtens
 from __future__ import annotations
 
 import importlib
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from conformance.suites._dtensor_mesh import disagreement, error_record, run_cases
 
 __all__ = ["Case", "cases", "case_key", "evaluate_matrix", "verdict", "MESHES", "COMPILED_CASES", "evaluate_compiled",
            "compiled_verdict"]
@@ -120,22 +122,6 @@ def _case_input(case: Case):
 
 # -- on the ranks ---------------------------------------------------------------------------------
 
-_MESHES: dict[tuple, Any] = {}
-
-
-def _device_mesh(ctx, mesh: str):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (id(ctx.group), mesh)
-    if key not in _MESHES:
-        shape = (ctx.world_size,) if mesh == "1d" else (2, ctx.world_size // 2)
-        if mesh == "2d" and ctx.world_size != 4:
-            raise ValueError(f"the 2-D argmax/argmin matrix needs 4 ranks, this pool has {ctx.world_size}")
-        _MESHES.clear()  # a replaced process group invalidates meshes built on the old one
-        _MESHES[key] = init_device_mesh(ctx.device.type, shape)
-    return _MESHES[key]
-
-
 def _placements(placement: str) -> list:
     """``"[Shard(0),Replicate()]"`` or ``"Shard(1)"`` -> placement objects."""
     from torch.distributed.tensor import Partial, Replicate, Shard
@@ -178,53 +164,53 @@ def resolve_handler(name: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-
-
 def case_key(case: Case) -> str:
     return f"{case.op}[{case.id}]"
 
 
-def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor", only: tuple[str, ...] | None = None) -> dict[str, dict]:
-    """Rank function: every case of ``mesh`` (or those whose ``case_key`` is in ``only``);
-    ``{case_key: record}``.
+MESH_SHAPES = {"1d": None, "2d": (2, 2)}
 
-    A record holds ``eager`` (the reference tensor, or ``eager_error``) and ``placements`` +
-    ``full`` (the DTensor result gathered), or ``error``.
-    """
+
+def _evaluate_case(ctx, case: Case, handle: Callable, mesh) -> dict[str, Any]:
     import torch
 
-    device_mesh, handle = _device_mesh(ctx, mesh), resolve_handler(handler)
-    records = {}
-    for case in cases(mesh):
-        if only is not None and case_key(case) not in only:
-            continue
-        record: dict[str, Any] = {}
-        full_input = _case_input(case).to(ctx.device)
-        try:
-            record["eager"] = getattr(torch, case.op)(full_input, dim=case.dim, keepdim=case.keepdim)
-        except Exception as exc:  # eager's refusal is the reference
-            record["eager_error"] = _error(exc)
-        try:
-            dtensor = _distribute(full_input, device_mesh, case.placement, ctx.rank)
-            result = handle(dtensor, case.op, case.dim, case.keepdim)
-            record["placements"] = [str(p) for p in result.placements]
-            record["shard_dims"] = [getattr(p, "dim", None) for p in result.placements]
-            record["partial"] = [p.is_partial() for p in result.placements]
-            record["full"] = result.full_tensor()
-        except Exception as exc:  # a crash is a result of this case, not of the whole matrix
-            record["error"] = _error(exc)
-            record["where"] = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
-                               for f in traceback.extract_tb(exc.__traceback__)[-2:]]
-        records[case_key(case)] = record
-    return records
+    record: dict[str, Any] = {}
+    full_input = _case_input(case).to(ctx.device)
+    try:
+        record["eager"] = getattr(torch, case.op)(full_input, dim=case.dim, keepdim=case.keepdim)
+    except Exception as exc:  # eager's refusal is the reference
+        record["eager_error"] = error_record(exc)["error"]
+    try:
+        dtensor = _distribute(full_input, mesh, case.placement, ctx.rank)
+        result = handle(dtensor, case.op, case.dim, case.keepdim)
+        record["placements"] = [str(p) for p in result.placements]
+        record["shard_dims"] = [getattr(p, "dim", None) for p in result.placements]
+        record["partial"] = [p.is_partial() for p in result.placements]
+        record["full"] = result.full_tensor()
+    except Exception as exc:  # the DTensor op's error is this case's result
+        record.update(error_record(exc))
+    return record
+
+
+def evaluate_matrix(ctx, mesh: str, handler: str = "dtensor", only: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """Rank function: every case of ``mesh`` (or those whose ``case_key`` is in ``only``);
+    ``{case_key: record}``, the ranks agreeing on each case's outcome (``_dtensor_mesh.run_cases``).
+
+    A record holds ``eager`` (the reference tensor, or ``eager_error``) and ``placements`` +
+    ``full`` (the DTensor result gathered), or ``error``; ``peers`` when the ranks' outcomes differ.
+    """
+    handle = resolve_handler(handler)
+    shape = MESH_SHAPES[mesh] or (ctx.world_size,)
+    selected = [c for c in cases(mesh) if only is None or case_key(c) in only]
+    return run_cases(ctx, shape, [(case_key(c), lambda m, c=c: _evaluate_case(ctx, c, handle, m)) for c in selected])
 
 
 def verdict(case: Case, record: dict) -> str | None:
     """None when DTensor behaved as eager did on the full tensor; else what went wrong."""
     what = (f"torch.{case.op}(DTensor {case.placement}, dim={case.dim}, keepdim={case.keepdim}) on "
             f"{case.data} {case.dtype} data")
+    if (split := disagreement(record)) is not None:
+        return f"{what}: the ranks disagree ({split}); the next case ran on a fresh mesh"
     if "eager_error" in record:
         if "error" in record:
             return None
@@ -303,7 +289,7 @@ def evaluate_compiled(ctx) -> dict[str, dict] | None:
             try:
                 records[case_id]["eager"] = _apply(op, x, dim)
             except Exception as exc:
-                records[case_id]["eager_error"] = _error(exc)
+                records[case_id]["eager_error"] = error_record(exc)["error"]
         try:
             torch._dynamo.reset()
             compiled = torch.compile(lambda t: tuple(_apply(op, t, dim) for op, dim in specs),
@@ -312,7 +298,7 @@ def evaluate_compiled(ctx) -> dict[str, dict] | None:
                 records[case_id]["compiled"] = value
         except Exception as exc:
             for case_id in ids:
-                records[case_id]["error"] = _error(exc)
+                records[case_id]["error"] = error_record(exc)["error"]
     return records
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from conformance.suites._collective_data import PREMUL_FACTOR, payload, reduce_input
+from conformance.suites._collective_data import PREMUL_FACTOR, packed, payload, reduce_input
 from conformance.suites._collective_impls import resolve_dist
 
 
@@ -29,6 +29,7 @@ def _error(exc: BaseException) -> str:
 
 # -- reductions -------------------------------------------------------------------------------------
 
+@packed
 def all_reduce_on_rank(ctx, salt: str, op: str, dtype: str, numel: int, impl: str = "torch"):
     dist = resolve_dist(impl)
     tensor = reduce_input(salt, ctx.rank, numel, dtype, op).to(ctx.device)
@@ -36,6 +37,7 @@ def all_reduce_on_rank(ctx, salt: str, op: str, dtype: str, numel: int, impl: st
     return tensor
 
 
+@packed
 def reduce_on_rank(ctx, salt: str, op: str, dtype: str, numel: int, impl: str = "torch"):
     """reduce to every dst in turn: ``[result on dst 0, ...]`` from dst, None from the others."""
     dist = resolve_dist(impl)
@@ -47,6 +49,7 @@ def reduce_on_rank(ctx, salt: str, op: str, dtype: str, numel: int, impl: str = 
     return out
 
 
+@packed
 def rejected_reduction_on_rank(ctx, op: str, dtype: str, impl: str = "torch"):
     """None when all_reduce(op) on ``dtype`` returned (it must not), else the error."""
     dist = resolve_dist(impl)
@@ -58,6 +61,7 @@ def rejected_reduction_on_rank(ctx, op: str, dtype: str, impl: str = "torch"):
     return None
 
 
+@packed
 def reduce_scatter_on_rank(ctx, salt: str, op: str, dtype: str, chunk: int, impl: str = "torch"):
     """The tensor form and the list form: (tensor result, list result)."""
     import torch
@@ -78,6 +82,7 @@ def uneven_sizes(world: int) -> list[int]:
     return [r + 1 for r in range(world - 1)] + [0]
 
 
+@packed
 def reduce_scatter_uneven_on_rank(ctx, salt: str, op: str, dtype: str, impl: str = "torch"):
     import torch
 
@@ -91,6 +96,7 @@ def reduce_scatter_uneven_on_rank(ctx, salt: str, op: str, dtype: str, impl: str
 
 # -- data movement ----------------------------------------------------------------------------------
 
+@packed
 def broadcast_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     """broadcast from every src in turn: ``[what this rank holds after src 0's broadcast, ...]``."""
     dist = resolve_dist(impl)
@@ -102,6 +108,7 @@ def broadcast_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch
     return out
 
 
+@packed
 def all_gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     """(tensor form, list form concatenated)."""
     import torch
@@ -116,6 +123,7 @@ def all_gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torc
     return single, torch.cat(listed)
 
 
+@packed
 def gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     """gather to every dst in turn: ``[list gathered on dst 0 (None elsewhere), ...]``."""
     import torch
@@ -130,6 +138,7 @@ def gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     return out
 
 
+@packed
 def scatter_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     """scatter from every src in turn: src sends chunk r (``payload(salt/src, r)``) to rank r."""
     import torch
@@ -160,6 +169,7 @@ def a2a_sizes(kind: str, src: int, dst: int, world: int) -> int:
     return src + dst + 1
 
 
+@packed
 def all_to_all_single_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str = "torch"):
     import torch
 
@@ -176,6 +186,7 @@ def all_to_all_single_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str =
     return recv
 
 
+@packed
 def all_to_all_list_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str = "torch"):
     import torch
 
@@ -191,6 +202,7 @@ def all_to_all_list_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str = "
 
 # -- coalesced forms --------------------------------------------------------------------------------
 
+@packed
 def coalesced_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     """all_reduce_coalesced and a coalescing manager around all_reduce, all_gather_into_tensor and
     reduce_scatter_tensor, on tensors of different sizes: ``{form: [results]}``."""
@@ -270,6 +282,7 @@ def _async_call(dist, ctx, name: str, salt: str):
     return dist.barrier(async_op=True), []
 
 
+@packed
 def async_on_rank(ctx, salt: str, name: str, impl: str = "torch"):
     """``{"work": type name or None, "after_wait": [tensors read right after wait()], "completed":
     is_completed() after wait, "future": the future's value or its error}``."""
@@ -297,6 +310,7 @@ def rank_object(salt: str, rank: int) -> dict:
             "nested": [rank, (rank, str(rank)), {"b": bytes(range(rank % 256)) * 3}], "none": None}
 
 
+@packed
 def object_collectives_on_rank(ctx, salt: str, impl: str = "torch"):
     dist = resolve_dist(impl)
     world, rank = ctx.world_size, ctx.rank
@@ -321,6 +335,7 @@ def object_collectives_on_rank(ctx, salt: str, impl: str = "torch"):
 
 # -- point to point ---------------------------------------------------------------------------------
 
+@packed
 def send_recv_pairs_on_rank(ctx, salt: str, dtype: str, numel: int, pairs: list, impl: str = "torch"):
     """For each ordered (src, dst) pair in turn: src sends, dst receives. ``{"src->dst": tensor}``."""
     import torch
@@ -337,6 +352,7 @@ def send_recv_pairs_on_rank(ctx, salt: str, dtype: str, numel: int, pairs: list,
     return got
 
 
+@packed
 def isend_irecv_tags_on_rank(ctx, salt: str, count: int, impl: str = "torch"):
     """Every rank sends ``count`` tagged messages to the next rank and receives as many from the
     previous one, posting its receives in reverse tag order: each must land by tag, not by order."""
@@ -354,6 +370,7 @@ def isend_irecv_tags_on_rank(ctx, salt: str, count: int, impl: str = "torch"):
     return [bufs[tag] for tag in range(count)]
 
 
+@packed
 def batch_isend_irecv_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     """One batch per rank: send to both neighbours, receive from both. (from prev, from next)."""
     import torch
@@ -374,44 +391,45 @@ def batch_isend_irecv_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
 
 # -- groups and failures ----------------------------------------------------------------------------
 
-def subgroups_on_rank(ctx, salt: str, impl: str = "torch"):
-    """new_group, new_subgroups and split_group: a SUM all_reduce and an all_gather on each subgroup
-    only. ``{kind: (members, all_reduce result, all_gather result)}``, or the error it raised."""
+@packed
+def subgroups_on_rank(ctx, salt: str, kind: str, impl: str = "torch"):
+    """Make subgroups with ``kind`` (new_group of every rank but the first, new_subgroups of half the
+    world, split_group into even and odd ranks), then a SUM all_reduce and an all_gather on this
+    rank's subgroup only. ``(members, all_reduce result, all_gather result)``, None for a rank in no
+    subgroup, or the error it raised."""
     import torch
 
     dist = resolve_dist(impl)
     world, rank = ctx.world_size, ctx.rank
-    out: dict[str, Any] = {}
-
-    def exercise(kind: str, group, members: list[int]):
-        reduced = reduce_input(f"{salt}/{kind}", rank, 5, "int64", "SUM").to(ctx.device)
-        dist.all_reduce(reduced, group=group)
-        mine = payload(f"{salt}/{kind}", rank, 4, "int64").to(ctx.device)
-        gathered = [torch.empty_like(mine) for _ in members]
-        dist.all_gather(gathered, mine, group=group)
-        out[kind] = (members, reduced, torch.cat(gathered))
-
-    # new_group of every rank but the first (every rank must call it; only members use it)
-    members = list(range(1, world)) or [0]
-    group = dist.new_group(members)
-    if rank in members:
-        exercise("new_group", group, members)
-    size = world // 2 if world % 2 == 0 else world
-    group, _ = dist.new_subgroups(group_size=size)
-    exercise("new_subgroups", group, [r for r in range(world) if r // size == rank // size])
-    evens, odds = [r for r in range(world) if r % 2 == 0], [r for r in range(world) if r % 2]
     try:
-        group = dist.split_group(split_ranks=[g for g in (evens, odds) if g])
-        exercise("split_group", group, evens if rank % 2 == 0 else odds)
+        if kind == "new_group":
+            members = list(range(1, world)) or [0]
+            group = dist.new_group(members)  # every rank must call it; only members use it
+        elif kind == "new_subgroups":
+            size = world // 2 if world % 2 == 0 else world
+            group, _ = dist.new_subgroups(group_size=size)
+            members = [r for r in range(world) if r // size == rank // size]
+        else:
+            members = [r for r in range(world) if r % 2 == rank % 2]
+            group = dist.split_group(split_ranks=[[r for r in range(world) if r % 2 == p] for p in (0, 1)
+                                                  if p < world])
     except RuntimeError as exc:
-        out["split_group"] = _error(exc)
-    return out
+        return _error(exc)
+    if rank not in members:
+        return None
+    reduced = reduce_input(f"{salt}/{kind}", rank, 5, "int64", "SUM").to(ctx.device)
+    dist.all_reduce(reduced, group=group)
+    mine = payload(f"{salt}/{kind}", rank, 4, "int64").to(ctx.device)
+    gathered = [torch.empty_like(mine) for _ in members]
+    dist.all_gather(gathered, mine, group=group)
+    return members, reduced, torch.cat(gathered)
 
 
 def _timed_group(dist, seconds: float):
     return dist.new_group(timeout=datetime.timedelta(seconds=seconds))
 
 
+@packed
 def missing_rank_on_rank(ctx, how: str, seconds: float, impl: str = "torch"):
     """The last rank skips (``skip``), raises before (``raise``) an all_reduce on a group with a
     ``seconds`` timeout, or skips a monitored_barrier (``monitored_barrier``). Every other rank
@@ -442,6 +460,7 @@ def missing_rank_on_rank(ctx, how: str, seconds: float, impl: str = "torch"):
 
 # -- sizes ------------------------------------------------------------------------------------------
 
+@packed
 def zero_size_on_rank(ctx, dtype: str, impl: str = "torch"):
     """Every collective on empty tensors: the shapes they leave behind."""
     import torch
@@ -468,6 +487,7 @@ def large_numel(device_type: str) -> int:
     return 2 ** 20 + 3 if device_type == "cpu" else 2 ** 24 + 1
 
 
+@packed
 def large_on_rank(ctx, salt: str, impl: str = "torch"):
     """all_reduce, broadcast, all_gather_into_tensor and all_to_all_single on a large float32 message,
     checked on the rank (the expected values are computed there too): ``{collective: problem or None}``."""

@@ -191,3 +191,53 @@ def _show(tensor, index: int) -> str:
         return repr(tensor.reshape(-1)[index].item())
     except (RuntimeError, TypeError):  # float8 has no Python scalar conversion on some builds
         return repr(tensor.reshape(-1)[index].float().item())
+
+
+# -- carrying results home --------------------------------------------------------------------------
+# torch 2.13 cannot unpickle tensors of some dtypes ("'UntypedStorage' has no attribute 'dtype'"), and
+# results travel from the ranks by pickle: ranks send those tensors as their bytes, tagged with the
+# dtype, and the controller views the bytes as the dtype again.
+UNPICKLABLE = ("uint16", "uint32", "uint64") + FLOAT8_DTYPES
+_BYTES_TAG = "conformance-tensor-bytes"
+
+
+def pack(value):
+    """Rank side: ``value`` with every tensor of an UNPICKLABLE dtype replaced by its tagged bytes."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and str(value.dtype).removeprefix("torch.") in UNPICKLABLE:
+        flat = value.detach().cpu().contiguous()
+        return (_BYTES_TAG, str(value.dtype).removeprefix("torch."), tuple(flat.shape), flat.reshape(-1).view(torch.uint8))
+    if isinstance(value, (list, tuple)):
+        return type(value)(pack(v) for v in value)
+    if isinstance(value, dict):
+        return {k: pack(v) for k, v in value.items()}
+    return value
+
+
+def unpack(value):
+    """Controller side: the inverse of ``pack``."""
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == _BYTES_TAG:
+        _, dtype, shape, raw = value
+        return raw.view(dtype_of(dtype)).reshape(shape)
+    if isinstance(value, (list, tuple)):
+        return type(value)(unpack(v) for v in value)
+    if isinstance(value, dict):
+        return {k: unpack(v) for k, v in value.items()}
+    return value
+
+
+def packed(fn):
+    """Decorator for a rank function whose results may hold tensors of an UNPICKLABLE dtype."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return pack(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def run_packed(ranks, fn, *args, **kwargs) -> list:
+    """``ranks.run`` for a ``packed`` rank function: results with their tensors restored."""
+    return unpack(ranks.run(fn, *args, **kwargs))

@@ -68,7 +68,7 @@ def _inputs(salt, op, dtype, numel, world):
 
 def check_all_reduce(ranks, op, dtype, impl="torch"):
     salt = f"all_reduce/{op}/{dtype}"
-    results = ranks.run(bodies.all_reduce_on_rank, salt, op, dtype, NUMEL, impl=impl)
+    results = data.run_packed(ranks, bodies.all_reduce_on_rank, salt, op, dtype, NUMEL, impl=impl)
     expected = data.expected_reduction(op, _inputs(salt, op, dtype, NUMEL, ranks.world_size))
     assert_ranks_equal(results, expected, exact=data.reduction_is_exact(op),
                        what=f"all_reduce({op}) on {dtype} over {ranks.backend}")
@@ -77,7 +77,7 @@ def check_all_reduce(ranks, op, dtype, impl="torch"):
 def check_reduce(ranks, op, dtype, impl="torch"):
     salt = f"reduce/{op}/{dtype}"
     world = ranks.world_size
-    per_rank = ranks.run(bodies.reduce_on_rank, salt, op, dtype, NUMEL, impl=impl)
+    per_rank = data.run_packed(ranks, bodies.reduce_on_rank, salt, op, dtype, NUMEL, impl=impl)
     expected = data.expected_reduction(op, _inputs(salt, op, dtype, NUMEL, world))
     for dst in range(world):
         assert_ranks_equal([per_rank[dst][dst]], expected, exact=data.reduction_is_exact(op),
@@ -86,7 +86,7 @@ def check_reduce(ranks, op, dtype, impl="torch"):
 
 def check_reduce_scatter(ranks, op, dtype, impl="torch"):
     salt, chunk, world = f"reduce_scatter/{op}/{dtype}", 3, ranks.world_size
-    results = ranks.run(bodies.reduce_scatter_on_rank, salt, op, dtype, chunk, impl=impl)
+    results = data.run_packed(ranks, bodies.reduce_scatter_on_rank, salt, op, dtype, chunk, impl=impl)
     total = data.expected_reduction(op, _inputs(salt, op, dtype, chunk * world, world))
     for form, index in (("reduce_scatter_tensor", 0), ("reduce_scatter (list)", 1)):
         assert_ranks_equal([r[index] for r in results], list(total.split(chunk)), exact=data.reduction_is_exact(op),
@@ -96,7 +96,7 @@ def check_reduce_scatter(ranks, op, dtype, impl="torch"):
 def check_reduce_scatter_uneven(ranks, op, dtype, impl="torch"):
     salt, world = f"reduce_scatter_v/{op}/{dtype}", ranks.world_size
     sizes = bodies.uneven_sizes(world)
-    results = ranks.run(bodies.reduce_scatter_uneven_on_rank, salt, op, dtype, impl=impl)
+    results = data.run_packed(ranks, bodies.reduce_scatter_uneven_on_rank, salt, op, dtype, impl=impl)
     total = data.expected_reduction(op, _inputs(salt, op, dtype, sum(sizes), world))
     assert_ranks_equal(results, list(total.split(sizes)), exact=data.reduction_is_exact(op),
                        what=f"reduce_scatter (list, uneven sizes {sizes})({op}) on {dtype} over {ranks.backend}")
@@ -128,7 +128,7 @@ def test_reduce_scatter_uneven(ranks, op, dtype):
 def test_all_reduce_rejects_undefined(ranks, op, dtype):
     """Bitwise ops on floating point and MIN/MAX/PRODUCT on complex have no meaning: every rank must
     get an error, never a value."""
-    errors = ranks.run(bodies.rejected_reduction_on_rank, op, dtype)
+    errors = data.run_packed(ranks, bodies.rejected_reduction_on_rank, op, dtype)
     silent = [rank for rank, err in enumerate(errors) if err is None]
     assert not silent, (f"all_reduce({op}) on {dtype} over {ranks.backend} returned a value on rank "
                         f"{silent} instead of raising ({op} is undefined on {dtype})")
@@ -174,7 +174,7 @@ MOVE_NUMEL = 37
 
 def check_broadcast(ranks, dtype, impl="torch"):
     salt, world = f"broadcast/{dtype}", ranks.world_size
-    per_rank = ranks.run(bodies.broadcast_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    per_rank = data.run_packed(ranks, bodies.broadcast_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
     for src in range(world):
         want = data.payload(f"{salt}/{src}", src, MOVE_NUMEL, dtype)
         assert_bits([r[src] for r in per_rank], [want] * world, f"broadcast from src {src} on {dtype} over {ranks.backend}")
@@ -184,7 +184,7 @@ def check_all_gather(ranks, dtype, impl="torch"):
     import torch
 
     salt, world = f"all_gather/{dtype}", ranks.world_size
-    results = ranks.run(bodies.all_gather_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    results = data.run_packed(ranks, bodies.all_gather_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
     want = torch.cat([data.payload(salt, r, MOVE_NUMEL, dtype) for r in range(world)])
     assert_bits([r[0] for r in results], [want] * world, f"all_gather into one tensor on {dtype} over {ranks.backend}")
     assert_bits([r[1] for r in results], [want] * world, f"all_gather into a tensor list on {dtype} over {ranks.backend}")
@@ -194,7 +194,7 @@ def check_gather(ranks, dtype, impl="torch"):
     import torch
 
     salt, world = f"gather/{dtype}", ranks.world_size
-    per_rank = ranks.run(bodies.gather_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    per_rank = data.run_packed(ranks, bodies.gather_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
     want = torch.cat([data.payload(salt, r, MOVE_NUMEL, dtype) for r in range(world)])
     for dst in range(world):
         listed = per_rank[dst][dst]
@@ -203,7 +203,7 @@ def check_gather(ranks, dtype, impl="torch"):
 
 def check_scatter(ranks, dtype, impl="torch"):
     salt, world = f"scatter/{dtype}", ranks.world_size
-    per_rank = ranks.run(bodies.scatter_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
+    per_rank = data.run_packed(ranks, bodies.scatter_on_rank, salt, dtype, MOVE_NUMEL, impl=impl)
     for src in range(world):
         assert_bits([r[src] for r in per_rank],
                     [data.payload(f"{salt}/{src}", r, MOVE_NUMEL, dtype) for r in range(world)],
@@ -220,7 +220,7 @@ def expected_all_to_all(salt, dtype, kind, world):
 def check_all_to_all(ranks, dtype, kind, form="single", impl="torch"):
     salt, world = f"all_to_all/{form}/{kind}/{dtype}", ranks.world_size
     body = bodies.all_to_all_single_on_rank if form == "single" else bodies.all_to_all_list_on_rank
-    results = ranks.run(body, salt, dtype, kind, impl=impl)
+    results = data.run_packed(ranks, body, salt, dtype, kind, impl=impl)
     assert_bits(results, expected_all_to_all(salt, dtype, kind, world),
                 f"all_to_all{'_single' if form == 'single' else ' (list)'} with {kind} splits on {dtype} over "
                 f"{ranks.backend}")
@@ -266,7 +266,7 @@ def check_coalesced(ranks, dtype, impl="torch"):
     import torch
 
     salt, world, sizes = f"coalesced/{dtype}", ranks.world_size, (3, 5)
-    results = ranks.run(bodies.coalesced_on_rank, salt, dtype, impl=impl)
+    results = data.run_packed(ranks, bodies.coalesced_on_rank, salt, dtype, impl=impl)
     reduced = [data.expected_reduction("SUM", _inputs(f"{salt}/{i}", "SUM", dtype, n, world))
                for i, n in enumerate(sizes)]
     gathered = [torch.cat([data.payload(f"{salt}/{i}", r, n, dtype) for r in range(world)]) for i, n in enumerate(sizes)]
@@ -325,7 +325,7 @@ def check_async(ranks, name, impl="torch"):
     import torch
 
     salt, world = f"async/{name}", ranks.world_size
-    records = ranks.run(bodies.async_on_rank, salt, name, impl=impl)
+    records = data.run_packed(ranks, bodies.async_on_rank, salt, name, impl=impl)
     what = f"{name}(async_op=True) over {ranks.backend}"
     problems = []
     for rank, (record, wanted) in enumerate(zip(records, expected_async(name, salt, world))):
@@ -353,7 +353,7 @@ def test_async(ranks, name):
 
 def check_object_collectives(ranks, impl="torch"):
     salt, world = "objects", ranks.world_size
-    results = ranks.run(bodies.object_collectives_on_rank, salt, impl=impl)
+    results = data.run_packed(ranks, bodies.object_collectives_on_rank, salt, impl=impl)
     problems = []
     everyone = [bodies.rank_object(salt, r) for r in range(world)]
 

@@ -34,6 +34,9 @@ class RunItem(BaseModel):
     total: int | None
     pass_rate: float | None
     run_url: str | None
+    torch_git_version: str | None = None
+    provenance: str | None = None  # matched | mismatched | unknown (relay.provenance); null without a report
+    provenance_problem: str | None = None
 
 
 class Week(BaseModel):
@@ -67,6 +70,7 @@ def run_item(run) -> RunItem:
         run=run.id, event=run.event, pr_number=run.pr_number, title=run.title, head_sha=run.head_sha, state=run.state,
         outcome=run.outcome, dispatched_at=iso(run.dispatched_at), queue_seconds=run.queue_seconds,
         execution_seconds=run.execution_seconds, passed=passed, total=total, pass_rate=rate, run_url=run.run_url,
+        torch_git_version=run.torch_git_version, provenance=run.provenance, provenance_problem=run.provenance_problem,
     )
 
 

@@ -2,7 +2,7 @@
 with their messages, and the cross-backend diff (tests that fail on one backend and pass on the others).
 
 The diff compares each backend's latest finished run on the PR's newest head commit that has
-results. Reads runs and test results; writes nothing.
+results, leaving out runs whose torch was not that commit (their provenance problem is shown instead). Reads runs and test results; writes nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def build(ctx: DashboardContext, number: int) -> PullRequestPage:
     for run in runs:
         by_backend.setdefault(run.backend, []).append(run)
     # The commit compared: the PR's head if known and finished somewhere, else the newest finished one.
-    finished = [r for r in runs if r.summary]
+    # A run of another torch than its commit is listed but not compared: its results are not that commit's.
+    finished = [r for r in runs if r.summary and not r.provenance_problem]
     head = pr.head_sha if pr is not None else None
     if head is None or not any(r.head_sha == head for r in finished):
         head = finished[0].head_sha if finished else None

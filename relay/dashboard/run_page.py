@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
 from relay.store.per_test_results import FAILING_OUTCOMES
@@ -49,6 +49,9 @@ class RunPage(BaseModel):
     queue_seconds: float | None
     execution_seconds: float | None
     torch_version: str | None
+    torch_git_version: str | None = Field(description="the commit the tested torch was built from (the report's)")
+    provenance: str | None = Field(description="matched | mismatched | unknown against head_sha; null without a report")
+    provenance_problem: str | None = Field(description="why this is not a result for head_sha, when it is not")
     counts: dict[str, int]
     suites: dict[str, dict[str, int]]
     failures: list[Failure]
@@ -66,7 +69,9 @@ def build(ctx: DashboardContext, run_pk: int) -> RunPage:
         head_ref=run.head_ref, run_id=run.run_id, run_attempt=run.run_attempt, run_url=run.run_url, state=run.state,
         conclusion=run.conclusion, outcome=run.outcome, reason=run.reason, dispatched_at=iso(run.dispatched_at),
         started_at=iso(run.started_at), finished_at=iso(run.finished_at), queue_seconds=run.queue_seconds,
-        execution_seconds=run.execution_seconds, torch_version=run.torch_version, counts=summary.get("counts") or {},
+        execution_seconds=run.execution_seconds, torch_version=run.torch_version,
+        torch_git_version=run.torch_git_version, provenance=run.provenance, provenance_problem=run.provenance_problem,
+        counts=summary.get("counts") or {},
         suites=summary.get("suites") or {},
         failures=[Failure(test_id=f.test_id, suite=f.suite, outcome=f.outcome, duration=f.duration, message=f.message)
                   for f in failures],

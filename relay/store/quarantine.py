@@ -1,7 +1,7 @@
 """Quarantine: rows a background pass could not handle, each with its error, set aside so the pass
 goes on with every other row.
 
-Written by the store's row-by-row passes (adoption, time-outs, re-run requests) when handling one row
+Written by the store's row-by-row work (the run a sent dispatch starts, time-outs, re-run requests) when handling one row
 raises; read by those passes (a quarantined row is skipped), by ``/api/quarantine``, by ``/metrics``
 (``relay_quarantined_rows``) and by ``/healthz``. A row leaves quarantine when an operator fixes it and
 deletes the entry (``Store.release_quarantined``); nothing retries it by itself, since the same row
@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
-from sqlalchemy import DateTime, Integer, String, Text, delete, func, select
+from sqlalchemy import DateTime, String, Text, delete, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
 
-__all__ = ["QuarantinedRow", "QuarantineView", "add", "counts", "keys", "list_views", "release"]
+__all__ = ["QuarantinedRow", "QuarantineView", "add", "counts", "each_row", "keys", "list_views", "release"]
+
+log = logging.getLogger("relay.store")
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 class QuarantinedRow(Base):
@@ -41,6 +49,28 @@ class QuarantineView:
 def add(session: Session, worker: str, subject: str, error: str, now: dt.datetime) -> None:
     if session.get(QuarantinedRow, (worker, subject)) is None:
         session.add(QuarantinedRow(worker=worker, subject=subject, error=error[:4000], quarantined_at=now))
+
+
+def each_row(
+    session: Session, worker: str, items: Iterable[tuple[str, Item]], handle: Callable[[Item], Result], now: dt.datetime,
+) -> list[Result]:
+    """Run ``handle(item)`` for each ``(subject, item)`` in a savepoint of its own, skipping subjects
+    already quarantined; one that raises is rolled back alone and quarantined with its error."""
+    skipped = keys(session, worker)
+    results = []
+    for subject, item in items:
+        if subject in skipped:
+            continue
+        try:
+            with session.begin_nested():
+                result = handle(item)
+        except Exception as exc:  # noqa: BLE001 - whatever this row does, the other rows go on
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("row quarantined", extra={"worker": worker, "subject": subject, "error": error})
+            add(session, worker, subject, error, now)
+            continue
+        results.append(result)
+    return results
 
 
 def keys(session: Session, worker: str) -> set[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Collection
 
 from sqlalchemy import JSON, DateTime, ForeignKey, String, Text, exists, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -16,7 +17,9 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from relay.store.base import Base
 from relay.store.deliveries import Delivery, DeliveryView, get
 
-__all__ = ["RerunRequestRow", "RerunRequestView"]
+__all__ = ["RERUNS", "RerunRequestRow", "RerunRequestView"]
+
+RERUNS = "re-runs"  # the quarantine's name for the re-run watcher (subjects: "delivery <id>")
 
 RERUN_EVENTS = ("check_run", "check_suite", "issue_comment")
 
@@ -40,13 +43,14 @@ class RerunRequestView:
     handled_at: dt.datetime
 
 
-def unhandled(session: Session, limit: int) -> list[DeliveryView]:
-    rows = session.scalars(
-        select(Delivery).where(
-            Delivery.event.in_(RERUN_EVENTS), Delivery.payload.is_not(None),
-            ~exists().where(RerunRequestRow.delivery_id == Delivery.delivery_id),
-        ).order_by(Delivery.received_at).limit(limit)
-    ).all()
+def unhandled(session: Session, limit: int, skip: Collection[str] = ()) -> list[DeliveryView]:
+    query = select(Delivery).where(
+        Delivery.event.in_(RERUN_EVENTS), Delivery.payload.is_not(None),
+        ~exists().where(RerunRequestRow.delivery_id == Delivery.delivery_id),
+    )
+    if skip:
+        query = query.where(Delivery.delivery_id.not_in(list(skip)))
+    rows = session.scalars(query.order_by(Delivery.received_at).limit(limit)).all()
     # The rows are in the session now: ``get`` finds each in its identity map, without another query.
     return [get(session, row.delivery_id) for row in rows]
 

@@ -13,8 +13,13 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
+
+from relay import provenance
 from relay.run_states import RunState, check_transition
-from relay.store import callback_nonces, dispatches, per_test_results, reported_states, rerun_requests, runs
+from relay.store import (
+    callback_nonces, dispatches, per_test_results, quarantine, reported_states, rerun_requests, runs,
+)
 from relay.store.base import utcnow
 from relay.store.errors import guarded
 from relay.store.deliveries import DeliveryView
@@ -36,6 +41,7 @@ class CallbackUpdate:
     summary: dict[str, Any] | None = None
     torch_version: str | None = None
     reason: str | None = None  # the downstream's own message when it sent no report
+    torch_git_version: str | None = None  # the report's torch.git_version (None: no report)
     tests: Sequence[per_test_results.NewTestResult] = ()
 
 
@@ -44,6 +50,7 @@ class CallbackApplied:
     run: runs.RunView
     previous_state: str
     tests_recorded: int
+    superseded: tuple[int, ...] = ()  # older runs of the PR this in_progress cancelled (never started)
 
 
 class ResultsOperations:
@@ -69,34 +76,41 @@ class ResultsOperations:
             row.state, row.updated_at = update.target.value, now
             if update.run_url:
                 row.run_url = update.run_url[:2000]
-            recorded = 0
+            recorded, superseded = 0, []
             if update.target is RunState.in_progress:
                 row.started_at = now
+                superseded = runs.supersede(session, row, now)
             else:
                 row.finished_at = now
                 row.conclusion = update.conclusion
                 row.summary = update.summary
                 row.torch_version = update.torch_version
+                if update.torch_git_version is not None:
+                    verdict = provenance.check(update.torch_git_version, row.head_sha)
+                    row.torch_git_version, row.provenance = verdict.tested, verdict.verdict.value
                 if update.reason:
                     row.reason = update.reason
                 recorded = per_test_results.add_many(session, row, update.tests, now)
             session.flush()
-            return CallbackApplied(runs.view(row), previous, recorded)
+            return CallbackApplied(runs.view(row), previous, recorded, tuple(r.id for r in superseded))
 
     # --- sweeper --------------------------------------------------------------------------------
     @guarded
     def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
+        """Time out open runs past their limits, row by row: a run that cannot be changed is quarantined
+        (``time_outs`` / ``run <id>``) and the others still time out."""
         now = utcnow()
         with self._transaction() as session:
-            out = []
-            for row, reason in runs.timed_out_candidates(
-                session, unstarted_before=unstarted_before, running_before=running_before,
-            ):
+            def time_out(candidate: tuple[runs.RunRow, str]) -> tuple[runs.RunView, str]:
+                row, reason = candidate
                 check_transition(RunState(row.state), RunState.timed_out, run=runs.view(row).describe())
                 row.state, row.conclusion, row.reason = RunState.timed_out.value, "timed_out", reason
                 row.finished_at = row.updated_at = now
-                out.append((runs.view(row), reason))
-            return out
+                session.flush()
+                return runs.view(row), reason
+
+            candidates = runs.timed_out_candidates(session, unstarted_before=unstarted_before, running_before=running_before)
+            return quarantine.each_row(session, runs.TIME_OUTS, ((f"run {c[0].id}", c) for c in candidates), time_out, now)
 
     @guarded
     def expire_nonces(self, sent_before: dt.datetime) -> int:
@@ -176,11 +190,36 @@ class ResultsOperations:
         with self._transaction() as session:
             return reported_states.pending(session, target, since=since, limit=limit, skip=tuple(skip))
 
+    # --- quarantine -----------------------------------------------------------------------------
+    @guarded
+    def quarantine_row(self, worker: str, subject: str, error: str) -> None:
+        """Set a row aside for ``worker`` (a pass that failed on it outside the store's own passes)."""
+        with self._transaction() as session:
+            quarantine.add(session, worker, subject, error, utcnow())
+
+    @guarded
+    def quarantined(self, limit: int = 100) -> list[quarantine.QuarantineView]:
+        with self._transaction() as session:
+            return quarantine.list_views(session, limit)
+
+    @guarded
+    def quarantine_counts(self) -> dict[str, int]:
+        with self._transaction() as session:
+            return quarantine.counts(session)
+
+    @guarded
+    def release_quarantined(self, worker: str, subject: str) -> bool:
+        """Let the passes try the row again (after it was fixed); False if it was not quarantined."""
+        with self._transaction() as session:
+            return quarantine.release(session, worker, subject)
+
     # --- re-runs --------------------------------------------------------------------------------
     @guarded
     def unhandled_rerun_requests(self, limit: int = 50) -> list[DeliveryView]:
+        """Stored re-run requests not handled yet, oldest first; quarantined ones are left out."""
         with self._transaction() as session:
-            return rerun_requests.unhandled(session, limit)
+            skip = [s.removeprefix("delivery ") for s in quarantine.keys(session, rerun_requests.RERUNS)]
+            return rerun_requests.unhandled(session, limit, skip)
 
     @guarded
     def record_rerun(

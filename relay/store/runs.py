@@ -2,8 +2,8 @@
 
 Written by the dispatcher (``record_sent``, in the transaction that marks a dispatch sent: a dispatch
 that starts a run gets its ``dispatched`` row; a ``pull_request.closed`` dispatch cancels that PR's open
-runs of the backend), by callbacks (``bind`` then a state change decided by :mod:`relay.run_states`)
-and by the sweeper (time-outs). Read by reporting, re-runs, the
+runs of the backend), by callbacks (``bind`` then a state change decided by :mod:`relay.run_states`;
+``supersede`` when a newer run of a PR starts) and by the sweeper (time-outs). Read by reporting, re-runs, the
 level review and the dashboard. The downstream run id and attempt are unknown until the first
 callback: the ``dispatched`` row has them NULL and the first callback binds them.
 """
@@ -19,12 +19,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.run_states import FINAL_STATES, RunState, TransitionRefused, execution_seconds, queue_seconds
+from relay.provenance import describe as describe_provenance
+from relay.run_states import (
+    FINAL_STATES, RunState, TransitionRefused, check_transition, execution_seconds, queue_seconds,
+)
+from relay.store import quarantine
 from relay.store.base import Base
 from relay.store.deliveries import Delivery
 from relay.store.dispatches import Dispatch
 
-__all__ = ["RunRow", "RunView", "starts_a_run"]
+__all__ = ["RUN_ROWS", "TIME_OUTS", "RunRow", "RunView", "starts_a_run"]
+
+# Quarantine worker names of the passes below.
+RUN_ROWS = "run_rows"  # the run a sent dispatch starts (or the runs its close cancels)
+TIME_OUTS = "time_outs"
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
 _OPEN = (RunState.dispatched.value, RunState.in_progress.value)
@@ -66,6 +74,9 @@ class RunRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     torch_version: Mapped[str | None] = mapped_column(String(100))
+    # The report's torch.git_version and relay.provenance's verdict against head_sha (NULL: no report).
+    torch_git_version: Mapped[str | None] = mapped_column(String(64))
+    provenance: Mapped[str | None] = mapped_column(String(16))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +103,13 @@ class RunView:
     updated_at: dt.datetime
     summary: dict[str, Any] | None
     torch_version: str | None
+    torch_git_version: str | None = None
+    provenance: str | None = None  # matched | mismatched | unknown (relay.provenance); None without a report
+
+    @property
+    def provenance_problem(self) -> str | None:
+        """The sentence saying this run tested another torch than the dispatched commit, else None."""
+        return describe_provenance(self.provenance, self.torch_git_version, self.head_sha)
 
     @property
     def queue_seconds(self) -> float | None:
@@ -207,6 +225,24 @@ def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, no
     session.add(row)
     session.flush()
     return row
+
+
+def supersede(session: Session, started: RunRow, now: dt.datetime) -> list[RunRow]:
+    """Cancel (reason ``superseded``) the older runs of ``started``'s PR and backend that never started."""
+    if started.pr_number is None:
+        return []
+    older = session.scalars(
+        select(RunRow).where(
+            RunRow.backend == started.backend, RunRow.upstream_repository == started.upstream_repository,
+            RunRow.pr_number == started.pr_number, RunRow.state == RunState.dispatched.value,
+            RunRow.dispatched_at <= started.dispatched_at, RunRow.id != started.id,
+            RunRow.dispatch_id != started.dispatch_id,
+        ).order_by(RunRow.id).with_for_update()
+    ).all()
+    for run in older:
+        check_transition(RunState.dispatched, RunState.cancelled, run=view(run).describe())
+        run.state, run.reason, run.finished_at, run.updated_at = RunState.cancelled.value, "superseded", now, now
+    return list(older)
 
 
 def timed_out_candidates(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.store import backends, deliveries, dispatches, probes, pull_requests, runs
+from relay.store import backends, deliveries, dispatches, probes, pull_requests, quarantine, runs
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
@@ -236,7 +236,11 @@ class Store(ResultsOperations):
                 last_error=last_error, last_status=last_status, next_attempt_at=next_at,
             )
             if kept and state == dispatches.DispatchState.sent:
-                runs.record_sent(session, session.get(dispatches.Dispatch, dispatch_id), now)
+                # In a savepoint of its own: a run that cannot be written (bad data in the delivery) is
+                # quarantined, and the dispatch is still recorded sent (never sent again for it).
+                dispatch = session.get(dispatches.Dispatch, dispatch_id)
+                quarantine.each_row(session, runs.RUN_ROWS, [(f"dispatch {dispatch_id}", dispatch)],
+                                    lambda row: runs.record_sent(session, row, now), now)
             return kept
 
     @guarded

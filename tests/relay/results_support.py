@@ -31,8 +31,9 @@ def write_backends(folder: Path) -> Path:
     return folder
 
 
-def report(backend: str, tests: list[tuple[str, str, str]] | None = None) -> dict[str, Any]:
-    """A valid conformance report; ``tests`` are (nodeid, outcome, message), suite from the file name."""
+def report(backend: str, tests: list[tuple[str, str, str]] | None = None, git_version: str = "a" * 40) -> dict[str, Any]:
+    """A valid conformance report; ``tests`` are (nodeid, outcome, message), suite from the file name;
+    ``git_version`` is the tested torch's commit (default: the Driver's default PR head)."""
     tests = tests if tests is not None else [
         ("conformance/suites/test_collectives.py::test_all_reduce[sum]", "passed", ""),
         ("conformance/suites/test_collectives.py::test_broadcast", "failed", "AssertionError: rank 1 got 0"),
@@ -46,7 +47,7 @@ def report(backend: str, tests: list[tuple[str, str, str]] | None = None) -> dic
         "schema_version": "1.0",
         "backend": {"name": backend, "device_type": "cpu", "distributed_backend": "gloo", "world_size": 2,
                     "capabilities": {"collectives": {"declared": True, "probed": True, "reason": ""}}},
-        "torch": {"version": "2.13.0", "git_version": "abc123"},
+        "torch": {"version": "2.13.0", "git_version": git_version},
         "host": {"python": "3.11", "platform": "linux", "cpu": "x86_64"},
         "started_at": "2024-05-01T10:00:00Z", "finished_at": "2024-05-01T10:05:00Z",
         "summary": {**counts, "total": len(rows)}, "tests": rows, "events": [],

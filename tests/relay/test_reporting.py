@@ -38,7 +38,7 @@ def test_check_runs_l4_real_conclusion_l3_neutral_l2_nothing(database_url, resul
     run_id = int(l4["external_id"])
     assert l4["details_url"] == f"http://dashboard.test/runs/{run_id}"
     summary = l4["output"]["summary"]
-    assert "| collectives | 1 | 1 |" in summary and "collectives::test_broadcast" in summary
+    assert "| ` collectives ` | 1 | 1 |" in summary and "collectives::test_broadcast" in summary
     assert "AssertionError: rank 1 got 0" in summary
     (l3,) = checks(fake, "crcr/l3")
     assert (l3["status"], l3["conclusion"]) == ("completed", "neutral")
@@ -209,3 +209,57 @@ def test_a_rate_limit_rests_every_report_and_wait_idle_says_so():
         assert [pk for pk, _ in reporter.calls] == [5]  # run 6 waits with it: the credential is shared
     finally:
         worker.stop()
+
+
+HOSTILE = "x` [link](https://evil.example) ![img](https://evil.example/i.png) <img src=x onerror=alert(1)> @octocat #1 https://bare.example"
+
+
+def _markdown_dangers(markdown: str) -> list[str]:
+    """What GitHub would turn into something other than text: links, images, HTML, mentions, bare URLs."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    for block in MarkdownIt("commonmark").enable("table").parse(markdown):
+        if block.type == "html_block":
+            found.append(f"html block {block.content!r}")
+        for token in block.children or ():
+            if token.type in ("link_open", "image", "html_inline"):
+                found.append(f"{token.type} {token.attrs or token.content!r}")
+            elif token.type == "text" and token.content.startswith("Full results: http://dashboard.test/runs/"):
+                continue  # the relay's own link to its dashboard
+            elif token.type == "text" and any(mark in token.content for mark in ("://", "@", "#1", "<")):
+                found.append(f"live text {token.content!r}")
+    return found
+
+
+def test_everything_from_a_report_is_inert_in_the_check_run_summary(sqlite_url, results_relay, app_mode):  # noqa: F811
+    from tests.relay.results_support import report
+
+    relay, drive = results_relay(sqlite_url, **app_mode)
+    nonce = drive.nonce("l4", drive.open_pr(26))
+    body = report("l4", [(f"conformance/suites/test_a|b.py::test_{HOSTILE}", "failed", f"boom {HOSTILE}\n```\n{HOSTILE}")])
+    body["tests"][0]["suite"] = f"suite|{HOSTILE}"
+    body["torch"]["version"] = f"2.13 {HOSTILE}"
+    assert drive.start("l4", nonce).status_code == 200
+    assert drive.complete("l4", nonce, "failure", report_body=body).status_code == 200
+    settle(relay)
+    (check,) = checks(relay.fake, "crcr/l4")
+    summary = check["output"]["summary"]
+    assert "evil.example" in summary and "octocat" in summary  # shown, as text
+    assert _markdown_dangers(summary) == []
+    assert _markdown_dangers("[x](https://a.example) <b>") != []  # the probe itself sees them
+
+
+def test_status_descriptions_are_plain_one_line_text(sqlite_url, results_relay):  # noqa: F811
+    from tests.relay.results_support import report
+
+    relay, drive = results_relay(sqlite_url)
+    nonce = drive.nonce("l4", drive.open_pr(27))
+    drive.start("l4", nonce)
+    nodeid = "conformance/suites/test_a.py::test_\x1b[31mred\x07\n\tnext\u202eline"
+    drive.complete("l4", nonce, "failure", report_body=report("l4", [(nodeid, "failed", "boom")]))
+    settle(relay)
+    description = statuses(relay.fake, "crcr/l4")[-1]["description"]
+    assert description.startswith("0 passed, 1 failed; first: a::test_")
+    assert all(ch.isprintable() for ch in description), repr(description)
+    assert "\u202e" not in description and "\x1b" not in description

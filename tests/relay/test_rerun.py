@@ -28,11 +28,25 @@ def real_or_minimal(name: str, minimal: dict) -> dict:
     return merged
 
 
-def check_run_rerequested(run_pk: int, backend: str, head_sha: str = "a" * 40) -> dict:
+APP_ID = 4242  # the app_mode fixture's GitHub App
+
+
+def check_run_rerequested(run_pk: int, backend: str, head_sha: str = "a" * 40, *, check_run_id: int | None = None,
+                          app_id: int = APP_ID) -> dict:
+    check = {"name": f"crcr/{backend}", "external_id": str(run_pk), "head_sha": head_sha, "app": {"id": app_id}}
+    if check_run_id is not None:
+        check["id"] = check_run_id
     return real_or_minimal("check_run__rerequested.payload.json", {
-        "action": "rerequested", "sender": {"login": "maintainer"},
-        "check_run": {"name": f"crcr/{backend}", "external_id": str(run_pk), "head_sha": head_sha},
+        "action": "rerequested", "sender": {"login": "maintainer"}, "check_run": check,
     })
+
+
+def reported_check_run(relay, run_pk: int) -> int:
+    """The id of the check run the relay created upstream for ``run_pk``."""
+    assert relay.app.state.results.reporting.wait_idle(10)
+    state = relay.store.reported_state(run_pk, "check_run")
+    assert state is not None and state.external_id is not None, state
+    return state.external_id
 
 
 def retest_comment(body: str, association: str, number: int) -> dict:
@@ -65,10 +79,11 @@ def finished_run(drive, backend: str, number: int):
     return delivery, nonce, pk
 
 
-def test_check_run_rerequested_redispatches_that_backend(database_url, results_relay):  # noqa: F811
-    relay, drive = results_relay(database_url, rerun_poll_seconds=3600)
+def test_check_run_rerequested_redispatches_that_backend(database_url, results_relay, app_mode):  # noqa: F811
+    relay, drive = results_relay(database_url, rerun_poll_seconds=3600, **app_mode)
     first_delivery, first_nonce, run_pk = finished_run(drive, "l4", 31)
-    delivery, request = post_and_handle(relay, "check_run", check_run_rerequested(run_pk, "l4"))
+    check_id = reported_check_run(relay, run_pk)
+    delivery, request = post_and_handle(relay, "check_run", check_run_rerequested(run_pk, "l4", check_run_id=check_id))
     assert (request.outcome, request.backends) == ("dispatched", ("l4",))
     (payload,) = dispatched_to(relay, "l4", delivery)
     assert payload["nonce"] != first_nonce and payload["head"]["sha"] == "a" * 40
@@ -84,11 +99,54 @@ def test_check_suite_rerequested_redispatches_the_backends_with_check_runs(datab
     for backend in ("l2", "l4"):
         drive.start(backend, drive.nonce(backend, first))
     assert relay.app.state.results.reporting.wait_idle(10)
-    payload = {"action": "rerequested", "check_suite": {"head_sha": "e" * 40}, "repository": {"full_name": UPSTREAM},
-               "sender": {"login": "maintainer"}}
+    payload = {"action": "rerequested", "check_suite": {"head_sha": "e" * 40, "app": {"id": APP_ID}},
+               "repository": {"full_name": UPSTREAM}, "sender": {"login": "maintainer"}}
+    foreign = copy.deepcopy(payload)
+    foreign["check_suite"]["app"]["id"] = 99
+    assert "app 99" in post_and_handle(relay, "check_suite", foreign)[1].reason
     delivery, request = post_and_handle(relay, "check_suite", payload)
     assert (request.outcome, request.backends) == ("dispatched", ("l4",))  # l2 has no check run upstream
     assert dispatched_to(relay, "l4", delivery) and dispatched_to(relay, "l2", delivery) == []
+
+
+def test_check_run_rerequest_is_refused_unless_the_relay_created_that_check_run(sqlite_url, results_relay, app_mode):  # noqa: F811
+    relay, drive = results_relay(sqlite_url, rerun_poll_seconds=3600, **app_mode)
+    _, _, l4_run = finished_run(drive, "l4", 40)
+    _, _, l2_run = finished_run(drive, "l2", 41)
+    check_id = reported_check_run(relay, l4_run)
+    refusals = {
+        "another App's check": (check_run_rerequested(l4_run, "l4", check_run_id=check_id, app_id=99), "app 99"),
+        "another backend's run": (check_run_rerequested(l4_run, "l2", check_run_id=check_id), "belongs to backend 'l4'"),
+        "a run without our check": (check_run_rerequested(l2_run, "l2", check_run_id=check_id), "no check run"),
+        "another check run id": (check_run_rerequested(l4_run, "l4", check_run_id=check_id + 1000), "not the check run"),
+        "another head sha": (check_run_rerequested(l4_run, "l4", "f" * 40, check_run_id=check_id), "head"),
+        "no external_id": ({**check_run_rerequested(l4_run, "l4", check_run_id=check_id)}, "external_id"),
+    }
+    refusals["no external_id"][0]["check_run"]["external_id"] = None
+    for what, (payload, reason) in refusals.items():
+        delivery, request = post_and_handle(relay, "check_run", payload)
+        assert request.outcome == "ignored" and reason in request.reason, (what, request.reason)
+        assert dispatched_to(relay, "l4", delivery) == [] and dispatched_to(relay, "l2", delivery) == [], what
+    delivery, request = post_and_handle(relay, "check_run", check_run_rerequested(l4_run, "l4", check_run_id=check_id))
+    assert (request.outcome, request.backends) == ("dispatched", ("l4",))
+
+
+def test_check_run_rerequest_is_refused_when_the_relay_writes_statuses(sqlite_url, results_relay):  # noqa: F811
+    relay, drive = results_relay(sqlite_url, rerun_poll_seconds=3600)
+    _, _, run_pk = finished_run(drive, "l4", 42)
+    delivery, request = post_and_handle(relay, "check_run", check_run_rerequested(run_pk, "l4", check_run_id=1))
+    assert request.outcome == "ignored" and "commit statuses" in request.reason
+    assert dispatched_to(relay, "l4", delivery) == []
+
+
+def test_retest_without_an_issue_number_is_refused(sqlite_url, results_relay):  # noqa: F811
+    relay, drive = results_relay(sqlite_url, rerun_poll_seconds=3600)
+    finished_run(drive, "l2", 43)
+    comment = retest_comment("/retest", "OWNER", 43)
+    del comment["issue"]["number"]
+    delivery, request = post_and_handle(relay, "issue_comment", comment)
+    assert request.outcome == "ignored" and "issue.number" in request.reason
+    assert dispatched_to(relay, "l2", delivery) == []
 
 
 @pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR"])
@@ -134,7 +192,7 @@ def test_requests_that_are_not_ours_are_ignored(database_url, results_relay):  #
 def test_each_request_acts_once(database_url, results_relay):  # noqa: F811
     relay, drive = results_relay(database_url, rerun_poll_seconds=3600)
     _, _, run_pk = finished_run(drive, "l4", 37)
-    delivery, _ = post_and_handle(relay, "check_run", check_run_rerequested(run_pk, "l4"))
+    delivery, _ = post_and_handle(relay, "issue_comment", retest_comment("/retest l4", "OWNER", 37))
     assert relay.app.state.results.reruns.poll_once() == 0
     assert len(dispatched_to(relay, "l4", delivery)) == 1
 
@@ -143,7 +201,7 @@ def test_watcher_thread_handles_requests_by_itself(database_url, results_relay, 
     relay, drive = results_relay(database_url)
     _, _, run_pk = finished_run(drive, "l4", 38)
     delivery = str(uuid.uuid4())
-    assert relay.post("check_run", check_run_rerequested(run_pk, "l4"), delivery=delivery).status_code == 202
+    assert relay.post("issue_comment", retest_comment("/retest l4", "OWNER", 38), delivery=delivery).status_code == 202
     wait(lambda: dispatched_to(relay, "l4", delivery), what="the re-run dispatch")
 
 

@@ -35,3 +35,13 @@ def crash_on_dim_0(dtensor, op, dim, keepdim):
     if dim == 0:
         raise RuntimeError("deliberate crash of the handler for dim=0")
     return getattr(torch, op)(dtensor, dim=dim, keepdim=keepdim)
+
+
+def crash_on_rank_0(dtensor, op, dim, keepdim):
+    """The real op, except that rank 0 raises before any collective when dim == 1: its peers are left
+    waiting in the op's collectives (the desynchronisation the matrix must survive)."""
+    import torch
+
+    if dim == 1 and dtensor.device_mesh.get_rank() == 0:
+        raise RuntimeError("deliberate crash of the handler on rank 0 only")
+    return getattr(torch, op)(dtensor, dim=dim, keepdim=keepdim)

@@ -82,3 +82,18 @@ def test_matrix_ids_read_as_documented():
     assert "test_argmax[Shard(1)-dim=None-ties_across_shards-float32]" in ids
     assert "test_argmin[Partial(sum)-dim=0,keepdim-nan-bfloat16]" in ids
     assert not any("Shard(1)" in i and "-1d" in i for i in ids), "a 1-D tensor has no dim 1 to shard"
+
+
+def test_a_case_that_raises_on_one_rank_only_fails_alone(ranks):
+    """Rank 0 raises, rank 1 waits in the op's collective: the case reports the split, and the cases
+    after it (on a fresh mesh) are right, instead of the whole matrix hanging."""
+    crashing, before, after = _case("Shard(1)", 1), _case("Shard(0)", 0), _case("Shard(1)", -1)
+    only = tuple(matrix.case_key(c) for c in (crashing, before, after))  # one evaluation serves the three checks
+    handler = BROKEN + "crash_on_rank_0"
+    with pytest.raises(ConformanceFailure, match=r"ranks 0, 1: torch\.argmax\(DTensor Shard\(1\), dim=1, "
+                                                 r"keepdim=False\) on random float32 data: the ranks disagree "
+                                                 r"\(rank 0 raised RuntimeError: deliberate crash of the handler on "
+                                                 r"rank 0 only; rank 1 (raised .*|completed)\)"):
+        suite.check_case(ranks, crashing, handler=handler, only=only)
+    suite.check_case(ranks, before, handler=handler, only=only)
+    suite.check_case(ranks, after, handler=handler, only=only)  # evaluated after the crash, on a fresh mesh

@@ -1,16 +1,16 @@
 """Reporting finds its work by query: each reported state records the run version and the PR label
 version it was decided from, and runs are indexed by when they last changed.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: reporting through rows
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

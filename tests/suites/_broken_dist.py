@@ -1,0 +1,165 @@
+"""Deliberately broken stand-ins for ``torch.distributed``, handed to the collectives suites by import path.
+
+Each is a ``BrokenDist``: every function is torch.distributed's own except the one or two it replaces,
+each wrong in one way. The suites' rank functions import this module on every rank
+(``impl="tests.suites._broken_dist:NAME"``) and run over the same real process group.
+"""
+
+from __future__ import annotations
+
+class BrokenDist:
+    """torch.distributed with some functions replaced (``overrides``: name -> function)."""
+
+    def __init__(self, **overrides):
+        self._overrides = overrides
+
+    def __getattr__(self, name):
+        if name in self._overrides:
+            return self._overrides[name]
+        import torch.distributed
+
+        return getattr(torch.distributed, name)
+
+
+def _dist():
+    import torch.distributed
+
+    return torch.distributed
+
+
+def _all_gather_rotated(tensor_list, tensor, group=None, async_op=False):
+    """Every rank's data lands one slot later."""
+    work = _dist().all_gather(tensor_list, tensor, group=group, async_op=async_op)
+    moved = [t.clone() for t in tensor_list]
+    for i, t in enumerate(tensor_list):
+        t.copy_(moved[i - 1])
+    return work
+
+
+def _gather_dropping_last(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    """The last rank's contribution never arrives: its slot is left zero."""
+    work = _dist().gather(tensor, gather_list, dst=dst, group=group, async_op=async_op)
+    if gather_list:
+        gather_list[-1].zero_()
+    return work
+
+
+def _reduce_to_next(tensor, dst=None, op=None, group=None, async_op=False):
+    dist = _dist()
+    return dist.reduce(tensor, dst=(dst + 1) % dist.get_world_size(), op=op if op is not None else dist.ReduceOp.SUM,
+                       group=group, async_op=async_op)
+
+
+def _broadcast_from_next(tensor, src=None, group=None, async_op=False):
+    dist = _dist()
+    return dist.broadcast(tensor, src=(src + 1) % dist.get_world_size(), group=group, async_op=async_op)
+
+
+def _reduce_scatter_always_sum(output, input_list, op=None, group=None, async_op=False):
+    dist = _dist()
+    return dist.reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+
+class _DoneWork:
+    """A handle that claims to be done at once."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def get_future(self):
+        import torch
+
+        future = torch.futures.Future()
+        future.set_result(self._value)
+        return future
+
+
+def _all_reduce_wait_does_not_wait(tensor, op=None, group=None, async_op=False):
+    """With async_op, the reduction runs on a copy that reaches the caller's tensor only later
+    (here: never); wait() returns at once."""
+    dist = _dist()
+    op = op if op is not None else dist.ReduceOp.SUM
+    if not async_op:
+        return dist.all_reduce(tensor, op=op, group=group)
+    copy = tensor.clone()
+    dist.all_reduce(copy, op=op, group=group)
+    return _DoneWork([copy])
+
+
+def _all_gather_object_reversed(object_list, obj, group=None):
+    _dist().all_gather_object(object_list, obj, group=group)
+    object_list.reverse()
+
+
+def _all_gather_into_tensor_flat_write(output_tensor, input_tensor, group=None, async_op=False):
+    """Gathers into a contiguous buffer, then writes it back over the output's storage as if the
+    output were contiguous: right for contiguous outputs, wrong (and outside the view) otherwise."""
+    import torch
+
+    buffer = torch.empty(output_tensor.shape, dtype=output_tensor.dtype, device=output_tensor.device)
+    work = _dist().all_gather_into_tensor(buffer, input_tensor.contiguous(), group=group, async_op=async_op)
+    if work is not None:
+        work.wait()
+    flat = output_tensor.as_strided((output_tensor.numel(),), (1,), output_tensor.storage_offset())
+    flat.copy_(buffer.reshape(-1))
+    return work
+
+
+def _broadcast_canonical_nan(tensor, src=None, group=None, async_op=False):
+    """A broadcast that normalises NaNs on arrival: every NaN payload becomes the default NaN."""
+    import torch
+
+    work = _dist().broadcast(tensor, src=src, group=group, async_op=async_op)
+    if tensor.is_floating_point():
+        tensor.copy_(torch.where(tensor.isnan(), torch.full_like(tensor, float("nan")), tensor))
+    return work
+
+
+def _all_reduce_first_mebibyte(tensor, op=None, group=None, async_op=False):
+    """Reduces only the first 2**18 elements: right for small messages, wrong for large ones."""
+    dist = _dist()
+    op = op if op is not None else dist.ReduceOp.SUM
+    return dist.all_reduce(tensor[: 2 ** 18] if tensor.numel() > 2 ** 18 else tensor, op=op, group=group,
+                           async_op=async_op)
+
+
+def _recv_last_element_lost(tensor, src=None, group=None, tag=0):
+    """Receives into a buffer of its own and copies all but the last element back."""
+    buffer = tensor.clone()
+    sender = _dist().recv(buffer, src=src, group=group, tag=tag)
+    tensor[:-1].copy_(buffer[:-1])
+    return sender
+
+
+def _monitored_barrier_anonymous(group=None, timeout=None, wait_all_ranks=False):
+    try:
+        return _dist().monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+    except RuntimeError:
+        raise RuntimeError("monitored barrier failed") from None
+
+
+def _all_reduce_ignoring_group(tensor, op=None, group=None, async_op=False):
+    """Reduces over the whole world whatever group it is given."""
+    dist = _dist()
+    return dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM, async_op=async_op)
+
+
+ALL_GATHER_WRONG_ORDER = BrokenDist(all_gather=_all_gather_rotated)
+GATHER_DROPS_LAST_RANK = BrokenDist(gather=_gather_dropping_last)
+REDUCE_WRONG_ROOT = BrokenDist(reduce=_reduce_to_next)
+BROADCAST_WRONG_ROOT = BrokenDist(broadcast=_broadcast_from_next)
+REDUCE_SCATTER_ALWAYS_SUM = BrokenDist(reduce_scatter=_reduce_scatter_always_sum)
+WAIT_DOES_NOT_WAIT = BrokenDist(all_reduce=_all_reduce_wait_does_not_wait)
+OBJECTS_OUT_OF_ORDER = BrokenDist(all_gather_object=_all_gather_object_reversed)
+VIEW_WRITTEN_BACK_FLAT = BrokenDist(all_gather_into_tensor=_all_gather_into_tensor_flat_write)
+NAN_PAYLOADS_LOST = BrokenDist(broadcast=_broadcast_canonical_nan)
+LARGE_MESSAGE_TRUNCATED = BrokenDist(all_reduce=_all_reduce_first_mebibyte)
+RECV_LAST_ELEMENT_LOST = BrokenDist(recv=_recv_last_element_lost)
+MONITORED_BARRIER_ANONYMOUS = BrokenDist(monitored_barrier=_monitored_barrier_anonymous)
+ALL_REDUCE_IGNORES_GROUP = BrokenDist(all_reduce=_all_reduce_ignoring_group)

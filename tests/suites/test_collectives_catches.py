@@ -1,0 +1,115 @@
+"""The collectives suites catch what they claim: each broken stand-in for torch.distributed below
+fails the check that covers it, with a message naming the collective, the rank and what differs,
+while the real implementation passes the same check.
+
+The broken implementations live in ``tests.suites._broken_dist``; the suites' rank functions import
+them on every rank by name, over the same real process group the suites use.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks import ConformanceFailure
+from conformance.suites import test_collective_layouts as layouts
+from conformance.suites import test_collectives as collectives
+from conformance.suites import test_p2p as p2p
+from conformance.suites import test_process_groups as groups
+
+BROKEN = "tests.suites._broken_dist:"
+
+
+def _caught(check, *args, broken: str, match: str):
+    """``check`` passes with the real collectives and fails with ``broken``, saying ``match``."""
+    check(*args)
+    with pytest.raises(ConformanceFailure, match=match):
+        check(*args, impl=BROKEN + broken)
+
+
+def test_all_gather_in_the_wrong_rank_order(ranks):
+    _caught(collectives.check_all_gather, ranks, "float32", broken="ALL_GATHER_WRONG_ORDER",
+            match=r"all_gather into a tensor list on float32 over gloo is wrong:\n  rank 0: \d+ of \d+ elements "
+                  r"differ bitwise, first at flat index 0")
+
+
+def test_gather_that_drops_the_last_rank(ranks):
+    _caught(collectives.check_gather, ranks, "int64", broken="GATHER_DROPS_LAST_RANK",
+            match=r"gather to dst 0 on int64 over gloo \(rank 0 = dst\) is wrong:\n  rank 0: \d+ of \d+ elements "
+                  r"differ bitwise, first at flat index 37")
+
+
+def test_reduce_to_the_wrong_root(ranks):
+    _caught(collectives.check_reduce, ranks, "SUM", "int32", broken="REDUCE_WRONG_ROOT",
+            match=r"rank 0: reduce\(SUM\) on int32 to dst 0 over gloo \(rank numbers: 0 = dst\) is wrong: "
+                  r"\d+ of 33 elements differ")
+
+
+def test_broadcast_from_the_wrong_root(ranks):
+    _caught(collectives.check_broadcast, ranks, "float16", broken="BROADCAST_WRONG_ROOT",
+            match=r"broadcast from src 0 on float16 over gloo is wrong:\n  rank 0: \d+ of 37 elements differ bitwise")
+
+
+def test_reduce_scatter_that_ignores_the_op(ranks):
+    _caught(collectives.check_reduce_scatter, ranks, "MAX", "int64", broken="REDUCE_SCATTER_ALWAYS_SUM",
+            match=r"rank 0: reduce_scatter \(list\)\(MAX\) on int64 over gloo is wrong: \d+ of 3 elements differ")
+    collectives.check_reduce_scatter(ranks, "SUM", "int64", impl=BROKEN + "REDUCE_SCATTER_ALWAYS_SUM")
+
+
+def test_a_wait_that_does_not_wait(ranks):
+    _caught(collectives.check_async, ranks, "all_reduce", broken="WAIT_DOES_NOT_WAIT",
+            match=r"all_reduce\(async_op=True\) over gloo is wrong:\n  rank 0: right after wait\(\) returned, "
+                  r"output 0 is not in place: \d+ of 4 elements differ bitwise")
+    collectives.check_all_reduce(ranks, "SUM", "float32", impl=BROKEN + "WAIT_DOES_NOT_WAIT")  # blocking form is fine
+
+
+def test_an_object_list_out_of_order(ranks):
+    _caught(collectives.check_object_collectives, ranks, broken="OBJECTS_OUT_OF_ORDER",
+            match=r"object collectives over gloo is wrong:\n  rank 0: all_gather_object: got \[\{'rank': 1, ")
+
+
+def test_nan_payloads_lost_in_transit(ranks):
+    _caught(collectives.check_broadcast, ranks, "float32", broken="NAN_PAYLOADS_LOST",
+            match=r"broadcast from src 0 on float32 over gloo is wrong:\n  rank 0: \d+ of 37 elements differ "
+                  r"bitwise, first at flat index \d+: got bytes 0000c07f \(nan\), expected ")
+    collectives.check_broadcast(ranks, "int8", impl=BROKEN + "NAN_PAYLOADS_LOST")  # integers have no NaN
+
+
+def test_a_view_written_back_as_if_contiguous(ranks):
+    _caught(layouts.check_layout, ranks, "all_gather_into_tensor", "transposed", broken="VIEW_WRITTEN_BACK_FLAT",
+            match=r"all_gather_into_tensor on a transposed view over gloo is wrong:\n  rank 0: output view 0: \d+ of "
+                  r"\d+ elements differ bitwise.*\n  rank 0: around output view 0: \d+ elements outside the view "
+                  r"were overwritten")
+    layouts.check_layout(ranks, "all_gather_into_tensor", "offset", impl=BROKEN + "VIEW_WRITTEN_BACK_FLAT")
+
+
+def test_a_large_message_cut_short(ranks):
+    with pytest.raises(ConformanceFailure, match=r"collectives on 1048579 float32 elements over gloo is wrong:\n"
+                                                 r"  rank 0: all_reduce: \d+ of 1048579 elements differ bitwise, "
+                                                 r"first at flat index 262144"):
+        layouts.check_large_message(ranks, impl=BROKEN + "LARGE_MESSAGE_TRUNCATED")
+    collectives.check_all_reduce(ranks, "SUM", "float32", impl=BROKEN + "LARGE_MESSAGE_TRUNCATED")
+
+
+def test_a_recv_that_loses_the_last_element(ranks):
+    _caught(p2p.check_send_recv, ranks, "int32", broken="RECV_LAST_ELEMENT_LOST",
+            match=r"send/recv on int32 over gloo is wrong:\n  send from rank 0 to rank 1: 1 of 29 elements differ "
+                  r"bitwise, first at flat index 28")
+
+
+def test_a_monitored_barrier_that_does_not_name_the_missing_rank(ranks):
+    _caught(groups.check_missing_rank, ranks, "monitored_barrier", broken="MONITORED_BARRIER_ANONYMOUS",
+            match=r"a monitored_barrier the last rank skips over gloo is wrong:\n  rank 0: the error does not name "
+                  r"the missing rank 1: RuntimeError: monitored barrier failed")
+
+
+def test_an_all_reduce_that_ignores_its_subgroup(ranks):
+    _caught(groups.check_subgroup, ranks, "new_subgroups", broken="ALL_REDUCE_IGNORES_GROUP",
+            match=r"collectives on a new_subgroups over gloo is wrong:\n  rank 0: all_reduce on its new_subgroups of "
+                  r"ranks \[0\]: \d+ of 5 elements differ bitwise")
+
+
+def test_an_unknown_implementation_is_a_clear_error(ranks):
+    from conformance import RankError
+
+    with pytest.raises(RankError, match=r"expected 'torch' or 'package.module:ATTRIBUTE'"):
+        collectives.check_all_reduce(ranks, "SUM", "float32", impl="no-such-thing")
