@@ -16,22 +16,26 @@ How it works, in order:
    ``dispatched`` row, or the runs a ``closed`` event ends are cancelled; then reporting is woken);
    ``queued`` again with exponential backoff and jitter
    (5xx, network); ``queued`` after the wait GitHub asked for (rate limits, which also rest every
-   backend sharing that credential); ``failed`` with the reason (404, 422, revoked token, or out of
-   attempts).
+   backend sharing that credential, in every process); ``queued`` again after a pause of the
+   credential when GitHub refused it (401: the credential is at fault, not the row, so nothing is
+   failed for it); ``failed`` with the reason (404, 422, or out of attempts).
 
-Delivery is at least once: a row is sent twice only if a process dies after GitHub accepted the call
-and before the outcome was written; the payload's ``delivery`` and ``nonce`` let downstream drop the copy.
+Delivery is at least once, and a row can reach downstream twice, with the same ``delivery`` and
+``nonce`` (downstream drops the copy by them): when a process dies after GitHub accepted the call and
+before the outcome was written; and without any crash, when GitHub accepts a call but answers slower
+than ``RELAY_GITHUB_TIMEOUT_SECONDS`` (or the connection drops after the request was sent): the relay
+cannot tell that from a call that never arrived, so it retries. ``repository_dispatch`` has no
+idempotency key, so this cannot be avoided on the relay's side; see docs/relay-faults.md.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
 from relay.github import DispatchSender, GitHubCallError, PermanentError, RateLimitedError, RetryableError
@@ -52,55 +56,38 @@ log = logging.getLogger("relay.dispatch")
 
 
 class CredentialGates:
-    """Per-credential rate-limit state: rests ordered by GitHub, and a token bucket for pacing.
+    """Per-credential rate-limit state, kept in the store so every relay process shares it: rests
+    ordered by GitHub, pauses after GitHub refused the credential (401), and a token bucket for pacing.
 
     ``per_minute`` paces content-creating calls (GitHub allows about 80 a minute); the bucket holds a
     minute's worth, so bursts up to that size go out at once. 0 disables pacing.
     """
 
-    def __init__(self, per_minute: float, clock=time.monotonic):
-        self._rate = per_minute / 60.0
-        self._capacity = max(per_minute, 1.0)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._resting_until: dict[str, float] = {}
-        self._buckets: dict[str, tuple[float, float]] = {}  # credential -> (tokens, at)
+    def __init__(self, store: Store, per_minute: float):
+        self._store = store
+        self._per_minute = per_minute
 
     def rest(self, credential: str, seconds: float) -> None:
-        with self._lock:
-            until = self._clock() + seconds
-            self._resting_until[credential] = max(until, self._resting_until.get(credential, 0.0))
+        self._store.rest_credential(credential, seconds, per_minute=self._per_minute)
+
+    def pause(self, credential: str, seconds: float, reason: str) -> None:
+        """GitHub refused ``credential``: no calls with it for ``seconds``, then one tries it again."""
+        self._store.rest_credential(credential, seconds, per_minute=self._per_minute, paused=True, reason=reason)
+
+    def resume(self, credential: str) -> None:
+        self._store.resume_credential(credential)
+
+    def allowances(self, credentials: Collection[str]) -> dict[str, int]:
+        """How many calls each credential may make now: 0 while it rests, else the whole tokens in its bucket."""
+        return self._store.credential_allowances(credentials, per_minute=self._per_minute) if credentials else {}
 
     def allowance(self, credential: str) -> int:
-        """How many calls ``credential`` may make now: 0 while it rests, else the whole tokens in its bucket."""
-        with self._lock:
-            now = self._clock()
-            if self._resting_until.get(credential, 0.0) > now:
-                return 0
-            if self._rate <= 0:
-                return sys.maxsize
-            tokens, at = self._buckets.get(credential, (self._capacity, now))
-            return int(min(self._capacity, tokens + (now - at) * self._rate))
+        return self.allowances([credential])[credential]
 
-    def take(self, credential: str) -> float:
-        """Reserve one call now and return 0, or return the seconds to wait (nothing reserved)."""
-        with self._lock:
-            return self._wait_locked(credential, take=True)
-
-    def _wait_locked(self, credential: str, take: bool) -> float:
-        now = self._clock()
-        rest = self._resting_until.get(credential, 0.0) - now
-        if rest > 0:
-            return rest
-        if self._rate <= 0:
-            return 0.0
-        tokens, at = self._buckets.get(credential, (self._capacity, now))
-        tokens = min(self._capacity, tokens + (now - at) * self._rate)
-        if tokens < 1.0:
-            self._buckets[credential] = (tokens, now)
-            return (1.0 - tokens) / self._rate
-        self._buckets[credential] = (tokens - 1.0 if take else tokens, now)
-        return 0.0
+    def take(self, credential: str) -> tuple[float, bool]:
+        """Reserve one call now: (0, paused) if reserved, else (the seconds to wait, paused); nothing
+        is reserved when there is a wait. ``paused``: the credential was refused before this call."""
+        return self._store.take_credential(credential, per_minute=self._per_minute)
 
 
 class Dispatcher:
@@ -118,6 +105,7 @@ class Dispatcher:
         backoff_base_seconds: float = 5.0,
         backoff_max_seconds: float = 900.0,
         requests_per_minute: float = 80.0,
+        credential_pause_seconds: float = 60.0,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
         claimer: str | None = None,
@@ -130,7 +118,8 @@ class Dispatcher:
         self.max_attempts = max_attempts
         self.backoff_base = backoff_base_seconds
         self.backoff_max = backoff_max_seconds
-        self.gates = CredentialGates(requests_per_minute)
+        self.gates = CredentialGates(store, requests_per_minute)
+        self.credential_pause_seconds = credential_pause_seconds
         self.metrics = metrics or Metrics()
         self.rng = rng or random.Random()
         # Names this process in claimed_by; unique so a restarted process never mistakes old claims for its own.
@@ -156,6 +145,7 @@ class Dispatcher:
             backoff_base_seconds=settings.dispatch_backoff_base_seconds,
             backoff_max_seconds=settings.dispatch_backoff_max_seconds,
             requests_per_minute=settings.github_content_requests_per_minute,
+            credential_pause_seconds=settings.dispatch_credential_pause_seconds,
             metrics=metrics,
         )
 
@@ -222,7 +212,7 @@ class Dispatcher:
         with self._lock:
             excluded = set(self._busy)
             credentials = dict(self._credential_of)
-        allowance = {credential: self.gates.allowance(credential) for credential in set(credentials.values())}
+        allowance = self.gates.allowances(set(credentials.values()))
         excluded.update(backend for backend, credential in credentials.items() if allowance[credential] == 0)
         open_calls = [calls for calls in allowance.values() if calls > 0]
         return excluded, (sum(open_calls) if open_calls else None)
@@ -276,18 +266,20 @@ class Dispatcher:
         """Send one claimed row and record its outcome."""
         context = {"dispatch": row.id, "delivery": row.delivery_id, "backend": row.backend, "repository": row.repository}
         started = time.monotonic()
+        credential, was_paused = "", False
         try:
             credential = self._credential_of.get(row.backend) or self.github.credential_for(row.repository)
             with self._lock:
                 self._credential_of[row.backend] = credential
-            wait = self.gates.take(credential)
+            wait, was_paused = self.gates.take(credential)
             if wait > 0:
                 self._finish(row, state=DispatchState.queued, attempted=False, retry_in_seconds=wait,
                              last_error=f"paced: credential {credential} busy for {wait:.1f}s")
                 return
+            started = time.monotonic()
             result = self.github.repository_dispatch(row.repository, row.event_type, row.client_payload)
         except RateLimitedError as exc:
-            self.gates.rest(exc.credential or "token", exc.wait_seconds)
+            self.gates.rest(exc.credential or credential or "token", exc.wait_seconds)
             self.metrics.retries.labels("rate_limited").inc()
             self.metrics.dispatch_seconds.labels("rate_limited").observe(time.monotonic() - started)
             log.warning("rate limited", extra={**context, "wait_seconds": exc.wait_seconds, "status": exc.status})
@@ -295,6 +287,10 @@ class Dispatcher:
                          last_error=f"rate limited: {exc.message}", last_status=exc.status)
             return
         except PermanentError as exc:
+            if exc.status == 401:
+                self._pause(row, context, exc, credential, started)
+                return
+            self.metrics.dispatch_seconds.labels("permanent").observe(time.monotonic() - started)
             self._fail(row, context, exc, reason=f"permanent_{exc.status or 'error'}")
             return
         except (RetryableError, GitHubCallError, Exception) as exc:
@@ -304,6 +300,9 @@ class Dispatcher:
             self._retry(row, context, exc, started)
             return
         elapsed = time.monotonic() - started
+        if was_paused:
+            self.gates.resume(credential)
+            log.warning("credential accepted again; dispatch resumes", extra={**context, "credential": credential})
         if result.pause_seconds:
             self.gates.rest(result.credential, result.pause_seconds)
         self.metrics.dispatch_seconds.labels("sent").observe(elapsed)
@@ -312,6 +311,19 @@ class Dispatcher:
         log.info("dispatched", extra={**context, "seconds": round(elapsed, 4)})
         if self._finish(row, state=DispatchState.sent, attempted=True, last_status=result.status) and self.on_sent:
             self.on_sent()
+
+    def _pause(self, row: ClaimedDispatch, context: dict, exc: GitHubCallError, credential: str, started: float) -> None:
+        """GitHub refused the credential (401): a verdict on the credential, not on the row. Every
+        process stops calling with it for ``credential_pause_seconds``; then one call tries it again.
+        The row goes back to the queue with its attempts untouched."""
+        credential = exc.credential or credential or "token"
+        self.metrics.dispatch_seconds.labels("bad_credentials").observe(time.monotonic() - started)
+        self.metrics.retries.labels("credential_paused").inc()
+        log.error("credential refused; its dispatches pause", extra={
+            **context, "credential": credential, "pause_seconds": self.credential_pause_seconds, "error": exc.message})
+        self.gates.pause(credential, self.credential_pause_seconds, exc.message)
+        self._finish(row, state=DispatchState.queued, attempted=False, retry_in_seconds=self.credential_pause_seconds,
+                     last_error=f"credential {credential} paused: {exc.message}", last_status=exc.status)
 
     def _retry(self, row: ClaimedDispatch, context: dict, exc: GitHubCallError, started: float) -> None:
         self.metrics.dispatch_seconds.labels("retryable").observe(time.monotonic() - started)

@@ -54,7 +54,8 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
 
 
 class _OutboxDepth:
-    """Queue depth per state, read from the store at scrape time (so every process reports the shared queue)."""
+    """Queue depth per state, quarantined rows and paused credentials, read from the store at scrape
+    time (so every process reports the shared state)."""
 
     def __init__(self, store: Store):
         self._store = store
@@ -78,6 +79,16 @@ class _OutboxDepth:
         for worker, count in sorted(counts.items()):
             quarantined.add_metric([worker], count)
         yield quarantined
+        paused = GaugeMetricFamily(
+            "relay_credential_paused", "1 while GitHub refused the credential (401) and its dispatches wait", labels=["credential"],
+        )
+        try:
+            gates = self._store.credential_gates()
+        except StoreUnavailable:
+            return
+        for gate in gates:
+            paused.add_metric([gate.credential], 1.0 if gate.paused else 0.0)
+        yield paused
 
 
 class Metrics:
@@ -117,6 +128,13 @@ def healthz(request: Request) -> JSONResponse:
     problems = request.app.state.results.problems()
     if problems:
         return JSONResponse({"status": "worker_failing", "detail": "; ".join(problems)}, status_code=503)
+    try:
+        paused = [g for g in request.app.state.store.credential_gates() if g.paused]
+    except StoreUnavailable as exc:
+        return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+    if paused:
+        detail = "; ".join(f"GitHub refused credential {g.credential} ({g.reason}); its dispatches wait" for g in paused)
+        return JSONResponse({"status": "credential_paused", "detail": detail}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

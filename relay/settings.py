@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     dispatch_max_attempts: int = Field(8, ge=1)
     dispatch_backoff_base_seconds: float = Field(5.0, gt=0)
     dispatch_backoff_max_seconds: float = Field(900.0, gt=0)
+    dispatch_credential_pause_seconds: float = Field(
+        60.0, gt=0, description="after GitHub refuses a credential (401), no process calls with it for this long; "
+        "then one call tries it again (the rows wait in the queue, their attempts untouched)"
+    )
 
     # --- results: callbacks, reporting, re-runs, sweeper, level review, dashboard
     oidc_issuer: str = Field("https://token.actions.githubusercontent.com", description="OIDC issuer of callback tokens")

@@ -20,14 +20,18 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, Connection, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, func,
+    JSON, BigInteger, Connection, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, exists, func,
     insert, or_, select, update,
 )
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, aliased, mapped_column
 
 from relay.store.base import Base
 
 __all__ = ["ClaimedDispatch", "Dispatch", "DispatchState", "DispatchView", "NewDispatch"]
+
+
+# Advisory lock key space of per-backend claims (the second key is the backend name's hash).
+_BACKEND_LOCK_SPACE = 0x6F7574  # "out"
 
 
 class DispatchState:
@@ -43,6 +47,7 @@ class Dispatch(Base):
     __table_args__ = (
         UniqueConstraint("delivery_id", "backend", name="uq_dispatches_delivery_backend"),
         Index("ix_dispatches_due", "state", "next_attempt_at"),
+        Index("ix_dispatches_backend_state", "backend", "state"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -141,23 +146,27 @@ def claim(
     session: Session, *, now: dt.datetime, claimer: str, lease_until: dt.datetime, limit: int,
     exclude_backends: Collection[str], max_claims: int | None = None,
 ) -> list[ClaimedDispatch]:
-    """Claim the oldest due row of each backend not excluded (one per backend keeps per-backend order).
+    """Claim the oldest due row of each backend not excluded and with no call in flight (a live
+    ``sending`` row, whichever process holds it): one per backend keeps per-backend order.
 
-    ``FOR UPDATE SKIP LOCKED`` lets several processes claim from one PostgreSQL at once without
-    waiting for each other or taking the same row; SQLite ignores it (its ``BEGIN IMMEDIATE``
-    serialises claims instead).
+    SQLite serialises claims (``BEGIN IMMEDIATE``), so what the query sees is what is claimed. On
+    PostgreSQL several processes claim at once: each backend is claimed under a transaction-scoped
+    advisory lock, taken without waiting (a backend another process is claiming right now is skipped),
+    and its oldest due row is looked up again under that lock, after any claim committed before it.
     """
     # Candidates as (id, backend) only: the full rows (JSON payload included) are loaded for the chosen
     # few, not for every row the limit lets through; with a deep outbox this is most of a claim's cost.
-    candidates = select(Dispatch.id, Dispatch.backend).where(_due(now))
+    candidates = select(Dispatch.id, Dispatch.backend).where(_due(now), ~_in_flight(now))
     if exclude_backends:
         candidates = candidates.where(Dispatch.backend.not_in(list(exclude_backends)))
-    candidates = candidates.order_by(Dispatch.id).limit(limit).with_for_update(skip_locked=True)
+    candidates = candidates.order_by(Dispatch.id).limit(limit)
     chosen_ids: dict[str, int] = {}
     for dispatch_id, backend in session.execute(candidates):
         if max_claims is not None and len(chosen_ids) >= max_claims:
             break
         chosen_ids.setdefault(backend, dispatch_id)
+    if session.get_bind().dialect.name == "postgresql":
+        chosen_ids = _lock_backends(session, chosen_ids, now)
     if not chosen_ids:
         return []
     chosen = session.scalars(
@@ -177,6 +186,31 @@ def claim(
             )
         )
     return claimed
+
+
+def _in_flight(now: dt.datetime):
+    """Whether the candidate's backend has a live claim (a call in flight in some process)."""
+    live = aliased(Dispatch)
+    return exists().where(
+        live.backend == Dispatch.backend, live.state == DispatchState.sending, live.claimed_until >= now,
+    )
+
+
+def _lock_backends(session: Session, chosen_ids: dict[str, int], now: dt.datetime) -> dict[str, int]:
+    """PostgreSQL: keep the backends whose advisory lock this transaction got, each with its oldest due
+    row as seen now (READ COMMITTED: a new statement sees every claim committed before the lock)."""
+    locked: dict[str, int] = {}
+    for backend in chosen_ids:
+        got = session.scalar(select(func.pg_try_advisory_xact_lock(_BACKEND_LOCK_SPACE, func.hashtext(backend))))
+        if not got:
+            continue
+        oldest = session.scalar(
+            select(Dispatch.id).where(Dispatch.backend == backend, _due(now), ~_in_flight(now))
+            .order_by(Dispatch.id).limit(1).with_for_update()
+        )
+        if oldest is not None:
+            locked[backend] = oldest
+    return locked
 
 
 def finish(

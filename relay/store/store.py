@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.store import backends, deliveries, dispatches, probes, pull_requests, quarantine, runs
+from relay.store import backends, credential_gates, deliveries, dispatches, probes, pull_requests, quarantine, runs
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
@@ -242,6 +242,42 @@ class Store(ResultsOperations):
                 quarantine.each_row(session, runs.RUN_ROWS, [(f"dispatch {dispatch_id}", dispatch)],
                                     lambda row: runs.record_sent(session, row, now), now)
             return kept
+
+    # --- credential gates (shared by every process on this database) ------------------------------
+    @staticmethod
+    def _bucket(per_minute: float) -> tuple[float, float]:
+        return per_minute / 60.0, max(per_minute, 1.0)  # rate per second, capacity: a minute's worth
+
+    @guarded
+    def credential_allowances(self, credentials: Collection[str], *, per_minute: float) -> dict[str, int]:
+        """Calls each credential may make now (0 while it rests or is paused)."""
+        with self._transaction() as session:
+            return credential_gates.allowances(session, sorted(credentials), utcnow(), *self._bucket(per_minute))
+
+    @guarded
+    def take_credential(self, credential: str, *, per_minute: float) -> tuple[float, bool]:
+        """Reserve one call of ``credential``: (0, paused) if reserved, else (seconds to wait, paused)."""
+        with self._transaction() as session:
+            return credential_gates.take(session, credential, utcnow(), *self._bucket(per_minute))
+
+    @guarded
+    def rest_credential(self, credential: str, seconds: float, *, per_minute: float, paused: bool = False,
+                        reason: str | None = None) -> None:
+        """No process calls with ``credential`` for ``seconds``; ``paused``: GitHub refused it (``reason``)."""
+        now = utcnow()
+        with self._transaction() as session:
+            credential_gates.rest(session, credential, now + dt.timedelta(seconds=seconds), now,
+                                  self._bucket(per_minute)[1], paused=paused, reason=reason)
+
+    @guarded
+    def resume_credential(self, credential: str) -> None:
+        with self._transaction() as session:
+            credential_gates.resume(session, credential)
+
+    @guarded
+    def credential_gates(self) -> list[credential_gates.GateView]:
+        with self._transaction() as session:
+            return credential_gates.views(session)
 
     @guarded
     def seconds_until_next_due(self) -> float | None:

@@ -115,8 +115,9 @@ class RecordedRequest:
     repository: str | None
     headers: dict[str, str]
     json: Any
-    received_at: float
+    received_at: float  # when the answer was ready (after any scripted delay)
     answered: int | None  # status sent back (None: connection dropped)
+    arrived_at: float = 0.0  # when the request came in
 
 
 class FakeGitHub(LoopbackServer):
@@ -367,6 +368,7 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _serve(self, method: str) -> None:
+            arrived = time.time()
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:
@@ -386,7 +388,7 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             if delay:
                 time.sleep(delay)
             if fault is not None and fault.disconnect:
-                fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), None))
+                fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), None, arrived))
                 self.close_connection = True
                 self.connection.close()
                 return
@@ -396,7 +398,7 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 status, extra, answer = fake.handle(method, path, headers, body)
                 if fault is not None:
                     extra.update(dict(fault.headers))
-            fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), status))
+            fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), status, arrived))
             payload = b"" if answer is None else json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")

@@ -9,37 +9,35 @@ from sqlalchemy import create_engine, text
 
 from relay.store import NewDelivery, NewDispatch
 from relay.store.database import normalise_url
+from tests.relay.conftest import wait_until
 from tests.relay.helpers import UPSTREAM
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 
 
-def _sent_pull_request(store, delivery_id: str, title: str, backend: str = "l2") -> int:
-    """A pull_request.opened delivery (with ``title`` in its summary) whose dispatch was sent."""
-    store.record_delivery(
+def _sent_pull_request(relay, delivery_id: str, title: str, backend: str = "l2") -> int:
+    """A pull_request.opened delivery (with ``title`` in its summary), sent by the relay's dispatcher."""
+    relay.store.record_delivery(
         NewDelivery(delivery_id=delivery_id, event="pull_request", action="opened", repository=UPSTREAM,
                     outcome="dispatched", summary={"title": title, "number": 9}),
         [NewDispatch(backend=backend, repository=f"org/{backend}-ci", event_type="pull_request.opened", nonce=f"n-{delivery_id}",
                      client_payload={"event": "pull_request", "action": "opened", "repository": UPSTREAM,
                                      "pull_request": {"number": 9}, "head": {"sha": "a" * 40, "ref": "f"}})],
     )
-    (row,) = [d for d in store.dispatches(delivery_id)]
-    (claimed,) = store.claim_dispatches("test", limit=10, lease_seconds=30,
-                                        exclude_backends=[b for b in ("l1", "l2", "l3", "l4") if b != backend])
-    assert claimed.id == row.id
-    assert store.finish_dispatch(row.id, "test", state="sent", attempted=True, last_status=204)
+    relay.app.state.dispatcher.wake()
+    (row,) = wait_until(lambda: [d for d in relay.store.dispatches(delivery_id) if d.state == "sent"], what="the dispatch sent")
     return row.id
 
 
 def test_a_run_row_that_cannot_be_stored_is_quarantined_and_the_dispatch_still_sent(database_url, results_relay):  # noqa: F811
     relay, _drive = results_relay(database_url)
-    bad = _sent_pull_request(relay.store, "bad-title", "\ud800")  # a lone surrogate: no database can store it as text
-    good = _sent_pull_request(relay.store, "good-title", "Fix things")
+    bad = _sent_pull_request(relay, "bad-title", "\ud800")  # a lone surrogate: no database can store it as text
+    good = _sent_pull_request(relay, "good-title", "Fix things")
     assert {d.id: d.state for d in relay.store.dispatches() if d.id in (bad, good)} == {bad: "sent", good: "sent"}
     assert [r.dispatch_id for r in relay.store.runs()] == [good]
     (entry,) = relay.store.quarantined()
     assert (entry.worker, entry.subject) == ("run_rows", f"dispatch {bad}")
     assert "surrogate" in entry.error
-    later = _sent_pull_request(relay.store, "later", "More fixes", backend="l3")  # later rows are still written
+    later = _sent_pull_request(relay, "later", "More fixes", backend="l3")  # later rows are still written
     assert sorted(r.dispatch_id for r in relay.store.runs()) == [good, later]
     api = httpx.get(f"{relay.url}/api/quarantine", timeout=10).json()
     assert [(e["worker"], e["subject"]) for e in api] == [("run_rows", f"dispatch {bad}")]
@@ -54,8 +52,6 @@ def test_a_worker_whose_passes_keep_failing_makes_healthz_say_so(database_url, r
     try:
         with engine.begin() as connection:
             connection.execute(text("ALTER TABLE runs RENAME TO runs_gone"))
-        from tests.relay.conftest import wait_until
-
         health = wait_until(lambda: (lambda r: r if r.status_code == 503 else None)(httpx.get(f"{relay.url}/healthz", timeout=10)),
                             what="healthz reporting the failing sweeper")
         body = health.json()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from relay.testing import Fault
@@ -70,9 +71,8 @@ def test_gives_up_after_max_attempts_with_the_reason(relay_factory, database_url
     [
         (Fault.unprocessable("client_payload is too large"), 422, "client_payload is too large"),
         (Fault.not_found(), 404, "Not Found"),
-        (Fault.bad_credentials(), 401, "revoked"),
     ],
-    ids=["422", "404", "401-revoked"],
+    ids=["422", "404"],
 )
 def test_permanent_failures_are_recorded_and_not_retried(relay, fault, status, words):
     relay.fake.script(fault)
@@ -83,14 +83,30 @@ def test_permanent_failures_are_recorded_and_not_retried(relay, fault, status, w
     assert row.state == "failed" and row.attempts == 1 and row.last_status == status
     assert words in row.last_error and "org/solo-ci" in row.last_error
     assert len(_attempt_times(relay)) == 1
+    metrics = httpx.get(f"{relay.url}/metrics", timeout=10).text
+    assert 'relay_dispatch_request_seconds_count{outcome="permanent"} 1.0' in metrics
 
 
-def test_revoked_token_fails_every_dispatch_without_retrying(relay):
+def test_a_refused_token_pauses_its_credential_instead_of_failing_the_queue(relay_factory, database_url, one_backend, wait):
+    relay = relay_factory(database_url, dispatch_credential_pause_seconds=1.0)
     relay.fake.revoke("test-token")
-    relay.post("push", push_payload())
+    for index in range(3):
+        assert relay.post("push", push_payload(after=f"{index}" * 40)).status_code == 202
+    wait(lambda: any(r.answered == 401 for r in relay.fake.requests), what="the 401")
+    health = httpx.get(f"{relay.url}/healthz", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "credential_paused", health.text
+    assert "credential token" in health.json()["detail"] and "Bad credentials" in health.json()["detail"]
+    metrics = httpx.get(f"{relay.url}/metrics", timeout=10).text
+    assert 'relay_credential_paused{credential="token"} 1.0' in metrics
+    assert 'relay_dispatch_request_seconds_count{outcome="bad_credentials"}' in metrics
+    rows = relay.store.dispatches()
+    # Not a verdict on the rows: none failed, none used an attempt (each pause ends with one more try).
+    assert {r.state for r in rows} <= {"queued", "sending"} and all(r.attempts == 0 for r in rows), rows
+    relay.fake.revoked.discard("test-token")  # the credential is fixed
     relay.wait_settled()
-    row = _only_dispatch(relay)
-    assert row.state == "failed" and row.last_status == 401 and "Bad credentials" in row.last_error
+    assert [r.state for r in relay.store.dispatches()] == ["sent"] * 3
+    assert httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200
+    assert 'relay_credential_paused{credential="token"} 0.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
 
 
 def test_429_retry_after_is_honoured(relay):
@@ -189,12 +205,11 @@ def test_pacing_spreads_calls_per_credential(relay_factory, database_url, one_ba
     relay = relay_factory(database_url, github_content_requests_per_minute=120)  # bucket of 120, then 2/s
     from relay.dispatch import CredentialGates
 
-    clock = [0.0]
-    gates = CredentialGates(120, clock=lambda: clock[0])
-    assert all(gates.take("token") == 0 for _ in range(120))
-    assert gates.take("token") == pytest.approx(0.5)
-    clock[0] += 0.5
-    assert gates.take("token") == 0 and gates.take("installation:1") == 0
+    gates = CredentialGates(relay.store, 6)  # a bucket of 6, refilled at one per 10 s
+    assert all(gates.take("paced")[0] == 0 for _ in range(6))
+    wait, paused = gates.take("paced")
+    assert 0 < wait <= 10 and not paused
+    assert gates.take("installation:1") == (0, False)  # another credential has a bucket of its own
     relay.post("push", push_payload())
     relay.wait_settled()
     assert _only_dispatch(relay).state == "sent"

@@ -45,8 +45,11 @@ def test_claim_takes_the_oldest_row_per_backend(store):
     claimed = store.claim_dispatches("p1", limit=10, lease_seconds=30)
     assert sorted((c.delivery_id, c.backend) for c in claimed) == [("d1", "a"), ("d1", "b")]
     assert store.claim_dispatches("p1", limit=10, lease_seconds=30, exclude_backends={"a", "b"}) == []
-    # While d1's rows are out, d2's are claimable by another lane or process (order is kept per lane).
-    again = store.claim_dispatches("p2", limit=10, lease_seconds=30, max_claims=1)
+    # While d1's rows are out, no process may claim d2's: one call in flight per backend keeps its order.
+    assert store.claim_dispatches("p2", limit=10, lease_seconds=30) == []
+    first_a = next(c for c in claimed if c.backend == "a")
+    assert store.finish_dispatch(first_a.id, "p1", state="sent", attempted=True, last_status=204)
+    again = store.claim_dispatches("p2", limit=10, lease_seconds=30)
     assert [(c.delivery_id, c.backend) for c in again] == [("d2", "a")]
 
 
