@@ -1,16 +1,16 @@
 """Reporting finds its work by query: each reported state records the run version and the PR label
 version it was decided from, and runs are indexed by when they last changed.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: reporting through rows
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
