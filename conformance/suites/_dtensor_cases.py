@@ -65,8 +65,8 @@ def global_tensor(shape_name: str, salt: str):
 
 
 def partial_values(target, op: str, count: int, salt: str) -> list:
-    """``count`` integer-valued tensors whose reduction by ``op`` is exactly ``target``, none of them
-    equal to it (every rank holds a real share)."""
+    """``count`` integer-valued tensors whose reduction by ``op`` is exactly ``target``: every rank holds
+    a real share (for max/min a random rank holds each element's extreme), not rank 0 the whole value."""
     import torch
 
     gen = _generator(salt, op, count)
@@ -163,7 +163,9 @@ def redistribute_verdict(case: Redistribution, record: dict) -> str | None:
         return f"{what} gave placements {record['placements']}, expected {record['wanted']}"
     if not _equal(record["full"], record["expected"]):
         return f"{what}: full tensor {record['full'].tolist()}, expected {record['expected'].tolist()}"
-    return record.get("local_problem") and f"{what}: {record['local_problem']}"
+    if record.get("local_problem"):
+        return f"{what}: {record['local_problem']}"
+    return None
 
 
 def _equal(a, b) -> bool:

@@ -95,6 +95,10 @@ class FakeOidcIssuer(LoopbackServer):
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm and the
+            # client's delayed ACK add ~40 ms to every answer on loopback.
+            disable_nagle_algorithm = True
+
             def log_message(self, *args):
                 pass
 

@@ -1,8 +1,11 @@
-"""The DTensor argmax/argmin suite catches what it claims: broken handlers fail the cases they get
-wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get right.
+"""The DTensor suites catch what they claim: broken argmax/argmin handlers fail the cases they get
+wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get
+right; a handler that crashes on one rank only is reported without hanging the matrix; broken
+redistributions fail the dtensor suite's redistribution checks.
 
-The broken handlers live in ``tests.suites._broken_argminmax``; the suite's rank function imports
-them on every rank by name and runs them over the same real process group and device mesh.
+The broken implementations live in ``tests.suites._broken_argminmax`` and ``tests.suites._broken_dtensor``;
+the suites' rank functions import them on every rank by name and run them over the same real process
+group and device mesh.
 """
 
 from __future__ import annotations
