@@ -102,6 +102,9 @@ class Settings(BaseSettings):
         512, ge=1, description="relay serve: connections and requests at once (uvicorn limit_concurrency; beyond: 503)",
     )
     http_keep_alive_seconds: float = Field(5.0, gt=0, description="relay serve: idle keep-alive connections close after this")
+    http_header_timeout_seconds: float = Field(
+        10.0, gt=0, description="relay serve: a connection whose request headers take longer is closed",
+    )
     backends_dir: Path | None = Field(None, description="folder of backend descriptors (the allowlist)")
 
     # --- GitHub
