@@ -43,7 +43,7 @@ def with_torch(backend: str, git_version: str) -> dict:
 
 
 def settle(relay):
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.app.state.results.reporting.wait_idle(30)
 
 
 def statuses(fake, context):
@@ -78,13 +78,15 @@ def test_another_torch_is_never_a_pass_upstream(database_url, results_relay):  #
     assert "wrong torch" in httpx.get(f"{relay.url}/prs/31").text
 
 
-def test_check_run_of_another_torch_says_which(database_url, results_relay, app_mode):  # noqa: F811
+def test_check_run_of_another_torch_says_which(database_url, results_relay, app_mode, wait):  # noqa: F811
     relay, drive = results_relay(database_url, **app_mode)
     nonce = drive.nonce("l4", drive.open_pr(32, head_sha=HEAD))
     drive.start("l4", nonce)
     drive.complete("l4", nonce, "success", report_body=with_torch("l4", "Unknown"))
     settle(relay)
-    (check_run,) = [c for c in relay.fake.check_runs.values() if c["name"] == "crcr/l4"]
+    (check_run,) = wait(lambda: [c for c in relay.fake.check_runs.values()
+                                 if c["name"] == "crcr/l4" and c["status"] == "completed"], timeout=30,
+                         what="the completed check run")
     assert (check_run["status"], check_run["conclusion"]) == ("completed", "failure")
     assert "**Not a result for this commit**: ` unknown torch: the report's torch.git_version is 'Unknown'" \
         in check_run["output"]["summary"]
