@@ -117,6 +117,11 @@ class Metrics:
 router = APIRouter(tags=["observability"])
 
 
+def store_unavailable_handler(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+    """Any route (the dashboard's included) whose store call failed or ran past the deadline: 503, not 500."""
+    return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
+
+
 @router.get("/healthz")
 def healthz(request: Request) -> JSONResponse:
     """200 when the store can be written within its deadline and no background worker keeps failing;
