@@ -11,6 +11,7 @@ and ``conformance.capabilities``.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import os
 import re
@@ -123,6 +124,9 @@ class RelayTarget(_Strict):
     repository: str = Field(description="downstream repository, owner/name")
     level: TrustLevel = TrustLevel.L1
     label: str | None = Field(default=None, description="L3 label; default ciflow/crcr/<name>")
+    level_since: datetime.date | None = Field(
+        default=None, description="date the backend reached its level (the level review's time at level)"
+    )
     callback_token_sha256: str | None = Field(
         default=None, description="sha256 hex of a static callback token, for CI without OIDC"
     )
@@ -154,6 +158,11 @@ class BackendDescriptor(_Strict):
         default=(), description="modules imported in every rank before the process group starts"
     )
     world_size: int = Field(default=2, ge=1)
+    symmetric_memory_backend: str | None = Field(
+        default=None, min_length=1,
+        description="allocation backend every rank selects at start, before any allocation "
+                    "(torch.distributed._symmetric_memory.set_backend: NCCL, CUDA, NVSHMEM); null keeps torch's",
+    )
     capabilities: dict[str, bool]
     known_failures: tuple[KnownFailure, ...] = ()
     relay: RelayTarget | None = None

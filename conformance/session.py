@@ -90,7 +90,8 @@ class ConformanceSession:
             d = self.descriptor
             pool = RankPool(descriptor=d.name, device_type=d.device_type, backend=d.distributed_backend,
                             world_size=world_size, setup_modules=d.setup_modules,
-                            timeout=self.options.rank_timeout)
+                            timeout=self.options.rank_timeout,
+                            symmetric_memory_backend=d.symmetric_memory_backend)
             self.pools[world_size] = pool
         return pool
 

@@ -47,10 +47,11 @@ class SymmetricMemory(Protocol):
 class TorchSymmetricMemory:
     """``torch.distributed._symmetric_memory`` on the rank's device and default group.
 
-    ``put_signal``/``wait_signal`` dispatch on the allocation backend, and in torch 2.13 only the
-    NCCL one implements them, so on CUDA the NCCL allocation backend is selected before the first
-    allocation of the process (as upstream's own test does). Once something is allocated the
-    backend cannot change; a process that already uses another one gets a clear error.
+    ``put_signal``/``wait_signal`` dispatch on the allocation backend (in torch 2.13 only NCCL's
+    implements them), and torch refuses to change that backend after the first allocation of the
+    process. So the backend is not chosen here: every rank selects the descriptor's
+    ``symmetric_memory_backend`` when it starts, before any test can allocate (see
+    ``conformance.ranks.worker``). This class only reports a selection that failed, in torch's words.
     """
 
     name = "torch"
@@ -61,14 +62,11 @@ class TorchSymmetricMemory:
         self.ctx = ctx
         self.symm_mem = symm_mem
         self.device = ctx.device
-        if self.device.type == "cuda" and symm_mem.get_backend(self.device) != "NCCL":
-            try:
-                symm_mem.set_backend("NCCL")
-            except RuntimeError as exc:
-                raise RuntimeError(
-                    f"symmetric memory on {self.device}: cannot select the NCCL allocation backend that "
-                    f"put_signal/wait_signal need (current: {symm_mem.get_backend(self.device)!r}): {exc}"
-                ) from exc
+        if ctx.symmetric_memory_backend_error:
+            raise RuntimeError(
+                f"symmetric memory on {self.device}: the {ctx.symmetric_memory_backend} allocation backend that "
+                f"{ctx.descriptor}'s descriptor names (symmetric_memory_backend) could not be selected when the "
+                f"rank started: {ctx.symmetric_memory_backend_error}")
 
     def allocate(self, shape, dtype):
         return self.symm_mem.empty(*shape, dtype=dtype, device=self.device)

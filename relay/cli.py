@@ -1,4 +1,4 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review [--days] [--json]``.
+"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review [--json]``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
 stops start-up with a message naming it (exit 2). Each subcommand is a function registered with
@@ -67,7 +67,7 @@ def _levels_arguments(parser: argparse.ArgumentParser) -> None:
     _review_arguments(parser)
 
 
-@subcommand("levels", "level review: weekly success rate and time to result, promotion/demotion advice", _levels_arguments)
+@subcommand("levels", "level review: each backend against its level criteria, promotion/demotion advice", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
     from relay.level_review import levels_command
 

@@ -15,7 +15,9 @@ keeps (types, integer ranges, lengths, 40-hex shas). Answers:
     202 {"status": "queued", "dispatches": [...]}  stored; one outbox row per target backend
     202 {"status": "recorded", "reason": ...}      stored, nothing to send (e.g. a label no backend watches)
     202 {"status": "stored", ...}                  kept for the results side (issue_comment, check_run, check_suite)
-    200 {"status": "duplicate"}                    this X-GitHub-Delivery was already stored: nothing new
+    200 {"status": "duplicate"}                    this X-GitHub-Delivery, or this exact signed body under another
+                                                   delivery id (a replay: the signature does not cover the
+                                                   header), was already stored: nothing new
     200 {"status": "ignored", "reason": ...}       another repository, or an event/action the relay does not handle
     400 {"error": "invalid_payload"}              a field the relay keeps is missing or invalid (the detail names it),
                                                    or the trimmed body is over GitHub's limits
@@ -199,6 +201,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
     delivery = NewDelivery(
         delivery_id=hook.delivery, event=hook.event, action=event.action, repository=event.repository,
         outcome="dispatched" if targets else outcome, summary=event.summary(), reason=reason, payload=raw,
+        body_sha256=hashlib.sha256(hook.body).hexdigest(),
     )
     store = state.store
     try:
@@ -221,7 +224,9 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         log.error("webhook refused by the store", extra={"event": hook.event, "delivery": hook.delivery, "error": str(exc)})
         return JSONResponse({"error": "store_refused", "detail": str(exc)}, status_code=422)
     if not fresh:
-        return _answer(request, hook, 200, "duplicate", reason="this delivery was already received; nothing new is dispatched")
+        return _answer(request, hook, 200, "duplicate",
+                       reason="this delivery, or the same signed body under another delivery id, was already received; "
+                              "nothing new is dispatched")
     if targets and state.dispatcher is not None:
         state.dispatcher.wake()
     fields: dict[str, Any] = {"dispatches": [t.name for t in targets]}

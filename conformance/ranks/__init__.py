@@ -6,6 +6,6 @@ running on a rank receives.
 """
 
 from conformance.ranks.context import RankContext
-from conformance.ranks.pool import RankCrashed, RankError, RankPool, RankTimeout, RemoteError
+from conformance.ranks.pool import DEFAULT_DEVICE_ENV, RankCrashed, RankError, RankPool, RankTimeout, RemoteError
 
-__all__ = ["RankContext", "RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]
+__all__ = ["DEFAULT_DEVICE_ENV", "RankContext", "RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]

@@ -9,7 +9,8 @@ from typing import Any
 @dataclass
 class RankContext:
     """rank, world size, the device this rank uses, the distributed backend name, the default process
-    group, the backend descriptor's name and a directory shared by every rank of the pool."""
+    group, the backend descriptor's name, a directory shared by every rank of the pool, and the
+    symmetric-memory allocation backend chosen at start."""
 
     rank: int
     world_size: int
@@ -18,6 +19,10 @@ class RankContext:
     descriptor: str
     shared_dir: str
     group: Any = None
+    # The symmetric-memory allocation backend selected when the rank started (None: torch's default),
+    # and torch's error if selecting it failed.
+    symmetric_memory_backend: str | None = None
+    symmetric_memory_backend_error: str | None = None
 
     @property
     def is_last(self) -> bool:

@@ -31,7 +31,13 @@ from typing import Any, Callable
 from conformance.ranks import protocol
 from conformance.ranks.process import RankProcess
 
-__all__ = ["RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]
+__all__ = ["DEFAULT_DEVICE_ENV", "RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]
+
+# The default device of tensors a rank function creates without naming one. Unset: torch's own (cpu).
+# The project's own test runs set it to ``meta``: a body that forgets ``ctx.device`` then fails at its
+# first collective or result ("no backend type associated with device type meta"), as it would over
+# NCCL on a GPU, instead of passing on CPU by accident.
+DEFAULT_DEVICE_ENV = "CONFORMANCE_RANK_DEFAULT_DEVICE"
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,8 @@ class RankPool:
     def __init__(self, *, descriptor: str, device_type: str, backend: str, world_size: int,
                  setup_modules: tuple[str, ...] = (), timeout: float = 300.0,
                  startup_timeout: float = 180.0, grace: float = 5.0, workdir: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, default_device: str | None = None,
+                 symmetric_memory_backend: str | None = None):
         self.descriptor = descriptor
         self.device_type = device_type
         self.backend = backend
@@ -98,6 +105,8 @@ class RankPool:
         self.startup_timeout = startup_timeout
         self.grace = grace
         self.env = dict(os.environ if env is None else env)
+        self.default_device = default_device or self.env.get(DEFAULT_DEVICE_ENV) or None
+        self.symmetric_memory_backend = symmetric_memory_backend
         self._tmp = tempfile.TemporaryDirectory(prefix=f"conformance-{descriptor}-{world_size}r-", dir=workdir)
         self.workdir = Path(self._tmp.name)
         self.shared_dir = self.workdir / "shared"
@@ -133,7 +142,8 @@ class RankPool:
             "world_size": self.world_size, "store_host": "127.0.0.1", "store_port": self.store.port,
             "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
-            "generation": self.generation, "timeout": self.timeout,
+            "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
+            "symmetric_memory_backend": self.symmetric_memory_backend,
         }
         env = dict(self.env)
         # Ranks import test functions by module name: give them the controller's import path, as

@@ -67,6 +67,20 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+def _select_symmetric_memory_backend(name: str) -> str | None:
+    """Select the symmetric-memory allocation backend before anything can allocate: torch refuses to
+    change it after the first allocation ("Backend can not be changed after use"), and a test that
+    allocates with the default one would otherwise decide it for every later test of the pool.
+    Returns torch's error instead of raising: the rank still serves the tests that do not need it."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        symm_mem.set_backend(name)
+    except Exception as exc:  # noqa: BLE001 - reported to the tests that need the backend
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return None
+
+
 class Rank:
     def __init__(self, conn: Connection, config: dict):
         self.conn = conn
@@ -90,12 +104,19 @@ class Rank:
             count = torch.accelerator.device_count()
             device = torch.device(cfg["device_type"], cfg["rank"] % max(count, 1))
             torch.accelerator.set_device_index(device.index)
+        symm_backend, symm_error = cfg.get("symmetric_memory_backend"), None
+        if symm_backend:
+            symm_error = _select_symmetric_memory_backend(symm_backend)
         self.store = dist.TCPStore(cfg["store_host"], cfg["store_port"], is_master=False,
                                    timeout=timedelta(seconds=cfg["timeout"]))
         self.ctx = RankContext(rank=cfg["rank"], world_size=cfg["world_size"], device=device,
                                backend=cfg["backend"], descriptor=cfg["descriptor"],
-                               shared_dir=cfg["shared_dir"])
+                               shared_dir=cfg["shared_dir"], symmetric_memory_backend=symm_backend,
+                               symmetric_memory_backend_error=symm_error)
         self.init_group(cfg["generation"])
+        if cfg.get("default_device"):
+            # After the process group is up (its set-up may allocate); see pool.DEFAULT_DEVICE_ENV.
+            torch.set_default_device(cfg["default_device"])
 
     def init_group(self, generation: int) -> None:
         import torch.distributed as dist

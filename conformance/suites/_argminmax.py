@@ -86,21 +86,22 @@ _TIES_ACROSS = [[1, 0, 2, 3, 0, 3],
                 [3, 1, 3, 2, 3, 0]]
 
 
-def global_tensor(data: str, dtype_name: str):
-    """The full input tensor of a case (the same on every rank). argmin cases use its negation."""
+def global_tensor(data: str, dtype_name: str, device="cpu"):
+    """The full input tensor of a case (the same on every rank), on ``device``. argmin cases use its
+    negation. Drawn on the host (a device's own generator would give other values), then moved."""
     import torch
 
     gen = torch.Generator().manual_seed(7)
     if data in ("1d", "1d_uneven_7"):
-        values = torch.randperm(8 if data == "1d" else 7, generator=gen).float()
+        values = torch.randperm(8 if data == "1d" else 7, generator=gen, device="cpu").float()
     elif data == "uneven_5x7":
-        values = torch.randperm(35, generator=gen).float().view(5, 7)
+        values = torch.randperm(35, generator=gen, device="cpu").float().view(5, 7)
     elif data == "ties_across_shards":
-        values = torch.tensor(_TIES_ACROSS, dtype=torch.float32)
+        values = torch.tensor(_TIES_ACROSS, dtype=torch.float32, device="cpu")
     elif data == "all_equal":
-        values = torch.ones(4, 6)
+        values = torch.ones(4, 6, device="cpu")
     else:
-        values = torch.randperm(24, generator=gen).float().view(4, 6)
+        values = torch.randperm(24, generator=gen, device="cpu").float().view(4, 6)
         if data == "ties_in_shard":  # the extremes tie inside one shard: row 0 cols 0-1 (max), row 1 cols 0-1 (min)
             values[0, :2] = 30.0
             values[1, :2] = -30.0
@@ -109,12 +110,12 @@ def global_tensor(data: str, dtype_name: str):
         elif data == "neg_inf":
             values[0, 5] = values[1, 0] = values[3, 2] = float("-inf")
     if dtype_name == "bool":
-        return values > values.nan_to_num().median()
-    return values.to(getattr(torch, dtype_name))
+        return (values > values.nan_to_num().median()).to(device)
+    return values.to(device=device, dtype=getattr(torch, dtype_name))
 
 
-def _case_input(case: Case):
-    tensor = global_tensor(case.data, case.dtype)
+def _case_input(case: Case, device):
+    tensor = global_tensor(case.data, case.dtype, device)
     if case.op == "argmin":
         tensor = ~tensor if case.dtype == "bool" else -tensor
     return tensor
@@ -175,7 +176,7 @@ def _evaluate_case(ctx, case: Case, handle: Callable, mesh) -> dict[str, Any]:
     import torch
 
     record: dict[str, Any] = {}
-    full_input = _case_input(case).to(ctx.device)
+    full_input = _case_input(case, ctx.device)
     try:
         record["eager"] = getattr(torch, case.op)(full_input, dim=case.dim, keepdim=case.keepdim)
     except Exception as exc:  # eager's refusal is the reference
@@ -229,7 +230,7 @@ def verdict(case: Case, record: dict) -> str | None:
     if full.dtype != expected.dtype or full.shape != expected.shape or not bool((full == expected).all()):
         return (f"{what} returned {full.tolist()} ({full.dtype}, shape {tuple(full.shape)}), eager on the full "
                 f"tensor gives {expected.tolist()} ({expected.dtype}, shape {tuple(expected.shape)}); input "
-                f"{global_tensor(case.data, case.dtype).tolist() if case.op == 'argmax' else _case_input(case).tolist()}")
+                f"{global_tensor(case.data, case.dtype).tolist() if case.op == 'argmax' else _case_input(case, 'cpu').tolist()}")
     return None
 
 

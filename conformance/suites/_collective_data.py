@@ -62,12 +62,25 @@ def dtype_of(name: str):
     return getattr(torch, name)
 
 
+def _on_host(fn):
+    """Inputs are drawn on the host, the same bits whatever the device (and whatever a rank's default
+    device is); rank functions move them to ``ctx.device``."""
+    @functools.wraps(fn)
+    def on_host(*args, **kwargs):
+        import torch
+
+        with torch.device("cpu"):
+            return fn(*args, **kwargs)
+    return on_host
+
+
 def _generator(salt: str, rank: int):
     import torch
 
     return torch.Generator().manual_seed(zlib.crc32(f"{salt}/{rank}".encode()))
 
 
+@_on_host
 def edge_values(dtype_name: str):
     """The dtype's edge values as a CPU tensor: largest finite, smallest normal and subnormal, signed
     zeros, infinities and NaNs with payloads (floats); min, max, 0, -1 (integers)."""
@@ -94,6 +107,7 @@ def edge_values(dtype_name: str):
     return torch.tensor(values, dtype=dtype)
 
 
+@_on_host
 def payload(salt: str, rank: int, numel: int, dtype_name: str):
     """Rank ``rank``'s data-movement input: ``numel`` elements of every bit pattern (CPU)."""
     import torch
@@ -108,6 +122,7 @@ def payload(salt: str, rank: int, numel: int, dtype_name: str):
     return torch.cat([edges, random[len(edges):]]) if numel else random
 
 
+@_on_host
 def reduce_input(salt: str, rank: int, numel: int, dtype_name: str, op: str):
     """Rank ``rank``'s input to reduction ``op``: integer values that reduce exactly (CPU)."""
     import torch

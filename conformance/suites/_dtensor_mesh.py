@@ -52,8 +52,8 @@ def _build(ctx, shape: tuple[int, ...]):
     _STATE["builds"] = build = _STATE.get("builds", 0) + 1
     if len(shape) == 1:
         return DeviceMesh.from_group(groups[0], ctx.device.type, mesh_dim_names=(f"world{build}",))
-    return DeviceMesh.from_group(groups, ctx.device.type, mesh=torch.arange(ctx.world_size).view(*shape),
-                                 mesh_dim_names=(f"dp{build}", f"tp{build}"))
+    layout = torch.arange(ctx.world_size, device="cpu").view(*shape)  # a mesh's rank layout lives on the host
+    return DeviceMesh.from_group(groups, ctx.device.type, mesh=layout, mesh_dim_names=(f"dp{build}", f"tp{build}"))
 
 
 def device_mesh(ctx, shape: tuple[int, ...], *, fresh: bool = False):
@@ -86,8 +86,9 @@ def error_record(exc: BaseException) -> dict:
 def run_cases(ctx, shape: tuple[int, ...], cases: Iterable[tuple[str, Callable]]) -> dict[str, dict]:
     """Run each ``(key, fn)``: ``fn(mesh) -> record`` (a dict), or the error it raised as a record.
 
-    After each case the ranks agree on the outcome; a case whose outcome differs across ranks gets
-    ``"peers"`` (each rank's outcome) in its record, and the next case runs on a new mesh.
+    After each case the ranks agree on the outcome; a case that raised on some ranks and completed on
+    others gets ``"peers"`` (each rank's outcome) in its record; after any case whose outcomes differ
+    the next case runs on a new mesh.
     """
     import torch.distributed as dist
 
@@ -101,8 +102,9 @@ def run_cases(ctx, shape: tuple[int, ...], cases: Iterable[tuple[str, Callable]]
             record = error_record(exc)
         outcomes: list = [None] * ctx.world_size
         dist.all_gather_object(outcomes, record.get("error", "ok"), group=control)
-        if len(set(outcomes)) > 1:
-            record["peers"] = outcomes
+        if len(set(outcomes)) > 1:  # some raised, or raised differently: the mesh's groups may be mid-collective
+            if "ok" in outcomes:
+                record["peers"] = outcomes
             mesh = device_mesh(ctx, shape, fresh=True)
         records[key] = record
     return records

@@ -184,13 +184,14 @@ def _case_input(case: str, inputs):
     x = inputs[0]
     if case.startswith("batch "):
         n = int(case.split()[1])
-        return (torch.randn(n, *x.shape[1:], generator=torch.Generator().manual_seed(n)).to(x.device),)
+        return (torch.randn(n, *x.shape[1:], generator=torch.Generator().manual_seed(n), device="cpu").to(x.device),)
     if case.startswith("sequence "):
         n = int(case.split()[1])
-        return (torch.randn(x.shape[0], n, *x.shape[2:], generator=torch.Generator().manual_seed(n)).to(x.device),)
+        return (torch.randn(x.shape[0], n, *x.shape[2:], generator=torch.Generator().manual_seed(n),
+                            device="cpu").to(x.device),)
     if case.startswith("features "):
         n = int(case.split()[1])
-        return (torch.randn(*x.shape[:-1], n).to(x.device),)
+        return (torch.randn(*x.shape[:-1], n, device=x.device),)
     if case == "float64":
         return (x.double(),)
     raise ValueError(f"unknown out-of-spec case {case!r}")
@@ -262,7 +263,7 @@ def divergent_slices(world: int, rows: int, like):
 
     last = max(2, rows // 2)
     total = rows * (world - 1) + last
-    data = torch.randn(total, *like.shape[1:], generator=torch.Generator().manual_seed(99))
+    data = torch.randn(total, *like.shape[1:], generator=torch.Generator().manual_seed(99), device="cpu")
     return list(data.split([rows] * (world - 1) + [last]))
 
 

@@ -85,15 +85,18 @@ class ModelSpec:
 
 def _seeded(factory):
     def build(ctx):
+        # Initialised on the host from the CPU generator (the same weights whatever the device), then moved.
         torch.manual_seed(1234)
-        return factory(ctx).to(ctx.device).eval()
+        with torch.device("cpu"):
+            module = factory(ctx)
+        return module.to(ctx.device).eval()
     return build
 
 
 def _input(*shape, seed: int = 7):
     def make(ctx):
         generator = torch.Generator().manual_seed(seed)
-        return (torch.randn(*shape, generator=generator).to(ctx.device),)
+        return (torch.randn(*shape, generator=generator, device="cpu").to(ctx.device),)
     return make
 
 

@@ -24,11 +24,12 @@ ROUNDS = 100
 LATE_PUT_SECONDS = 0.2
 
 
-def payload(sender: int, tag: int, numel: int, dtype):
-    """What ``sender`` puts in exchange ``tag``: distinct per sender, tag and element."""
+def payload(sender: int, tag: int, numel: int, dtype, device=None):
+    """What ``sender`` puts in exchange ``tag``: distinct per sender, tag and element, on ``device``
+    (ranks pass their buffer's; the controller's checks use its default, cpu)."""
     import torch
 
-    idx = torch.arange(numel, dtype=torch.int64)
+    idx = torch.arange(numel, dtype=torch.int64, device=device)
     return ((idx * 7 + sender * 13 + tag * 5) % 97).to(dtype)
 
 
@@ -87,7 +88,7 @@ def pairwise_on_rank(ctx, impl: str, direction: str, numel: int, dtype_name: str
         if 0 <= peer < ctx.world_size:
             role = "sender"
             time.sleep(late_put)
-            src.copy_(payload(ctx.rank, 0, numel, dtype).to(src.device))
+            src.copy_(payload(ctx.rank, 0, numel, dtype, src.device))
             mem.put_signal(src, hdl, peer)
     else:
         peer = ctx.rank - step
@@ -109,7 +110,7 @@ def ring_on_rank(ctx, impl: str, numel: int):
     arrived, errors = {}, {}
     for shift in range(1, ctx.world_size):
         to, frm = (ctx.rank + shift) % ctx.world_size, (ctx.rank - shift) % ctx.world_size
-        src.copy_(payload(ctx.rank, shift, numel, torch.float32).to(src.device))
+        src.copy_(payload(ctx.rank, shift, numel, torch.float32, src.device))
         mem.put_signal(src, hdl, to)
         error = _wait(mem, hdl, frm)
         if error:
@@ -134,7 +135,7 @@ def rounds_on_rank(ctx, impl: str, rounds: int, numel: int):
         if active and sender:
             if r % 10 == 5:
                 time.sleep(0.05)
-            src.copy_(payload(ctx.rank, r, numel, torch.float32).to(src.device))
+            src.copy_(payload(ctx.rank, r, numel, torch.float32, src.device))
             mem.put_signal(src, hdl, peer)
         elif active and not errors:  # after a failed wait, only keep the barriers in step
             error = _wait(mem, hdl, peer)

@@ -37,12 +37,17 @@ class Mesh:
     tp: Any
     tp_size: int
     tp_index: int
+    device: Any  # this rank's torch.device: every tensor a program makes lives there
     dp: Any = None
     dp_size: int = 1
     dp_index: int = 0
     # Ranks that share this rank's tp index: weights are R on dp, so their gradients are Partial
     # there and these ranks' values add up (the ``summed_over`` of a Check). None without dp.
     dp_peers: tuple[int, ...] | None = None
+
+    def rand(self, seed: int, *shape: int, dtype=None, integers: bool = False):
+        """``_rand`` on this rank's device."""
+        return _rand(seed, *shape, device=self.device, dtype=dtype, integers=integers)
 
     def types(self, tp_type, dp_type=None) -> dict:
         """A local-type dict for ``assert_type``: ``tp_type`` on tp, plus ``dp_type`` when there is a dp axis."""
@@ -59,7 +64,7 @@ def _mesh(ctx, name: str) -> Mesh:
     import torch.distributed as dist
 
     if name == "1d":
-        return Mesh(tp=ctx.group, tp_size=ctx.world_size, tp_index=ctx.rank)
+        return Mesh(tp=ctx.group, tp_size=ctx.world_size, tp_index=ctx.rank, device=ctx.device)
     if name != "dp_x_tp":
         raise ValueError(f"unknown mesh {name!r}: expected '1d' or 'dp_x_tp'")
     if ctx.world_size != 4:
@@ -73,22 +78,24 @@ def _mesh(ctx, name: str) -> Mesh:
         _SUBGROUPS[key] = (tp_groups, dp_groups)
     tp_groups, dp_groups = _SUBGROUPS[key]
     dp_index, tp_index = divmod(ctx.rank, 2)
-    return Mesh(tp=tp_groups[dp_index], tp_size=2, tp_index=tp_index, dp=dp_groups[tp_index], dp_size=2,
+    return Mesh(tp=tp_groups[dp_index], tp_size=2, tp_index=tp_index, device=ctx.device,
+                dp=dp_groups[tp_index], dp_size=2,
                 dp_index=dp_index, dp_peers=(tp_index, tp_index + 2))
 
 
 # -- data and references --------------------------------------------------------------------------
 
-def _rand(seed: int, *shape: int, dtype=None, integers: bool = False):
-    """The same tensor on every rank (a seeded generator), rounded to ``dtype``."""
+def _rand(seed: int, *shape: int, device, dtype=None, integers: bool = False):
+    """The same tensor on every rank, on ``device``: drawn on the host from a seeded generator (a device's
+    own generator would give other values), then moved and rounded to ``dtype``."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     if integers:
-        values = torch.randint(-4, 5, shape, generator=gen).float()
+        values = torch.randint(-4, 5, shape, generator=gen, device="cpu").float()
     else:
-        values = torch.randn(*shape, generator=gen)
-    return values.to(dtype) if dtype is not None else values
+        values = torch.randn(*shape, generator=gen, device="cpu")
+    return values.to(device=device, dtype=dtype)
 
 
 def _leaf(tensor):
@@ -146,8 +153,8 @@ def program_tp_mlp(mesh: Mesh, C, dtype) -> list[Check]:
     import spmd_types as st
 
     H = 4 * mesh.tp_size
-    x, w1, w2, g = _rand(1, B, D, dtype=dtype), _rand(2, H, D, dtype=dtype), _rand(3, D, H, dtype=dtype), \
-        _rand(4, B, D, dtype=dtype)
+    x, w1, w2, g = mesh.rand(1, B, D, dtype=dtype), mesh.rand(2, H, D, dtype=dtype), mesh.rand(3, D, H, dtype=dtype), \
+        mesh.rand(4, B, D, dtype=dtype)
     x_l, g_l = _leaf(_batch_slice(mesh, x)), _batch_slice(mesh, g)
     w1_l = _leaf(w1.chunk(mesh.tp_size, 0)[mesh.tp_index])
     w2_l = _leaf(w2.chunk(mesh.tp_size, 1)[mesh.tp_index])
@@ -181,8 +188,8 @@ def _sequence_parallel(mesh: Mesh, C, dtype, gamma_type: str) -> list[Check]:
 
     H, tp, r = 4 * mesh.tp_size, mesh.tp_size, mesh.tp_index
     # Each dp replica has its own S rows (a batch of one sequence), sharded on the sequence over tp.
-    x, gamma = _rand(11, mesh.dp_size * S, D, dtype=dtype), (1 + 0.5 * _rand(12, D)).to(dtype)
-    w1, w2, g = _rand(13, H, D, dtype=dtype), _rand(14, D, H, dtype=dtype), _rand(15, mesh.dp_size * S, D, dtype=dtype)
+    x, gamma = mesh.rand(11, mesh.dp_size * S, D, dtype=dtype), (1 + 0.5 * mesh.rand(12, D)).to(dtype)
+    w1, w2, g = mesh.rand(13, H, D, dtype=dtype), mesh.rand(14, D, H, dtype=dtype), mesh.rand(15, mesh.dp_size * S, D, dtype=dtype)
     x_l, g_l = _leaf(_batch_slice(mesh, x).chunk(tp, 0)[r]), _batch_slice(mesh, g).chunk(tp, 0)[r]
     gamma_l, w1_l, w2_l = _leaf(gamma), _leaf(w1.chunk(tp, 0)[r]), _leaf(w2.chunk(tp, 1)[r])
     st.assert_type(x_l, mesh.types(st.S(0), st.V))
@@ -248,8 +255,8 @@ def _data_parallel(mesh: Mesh, C, dtype, weight_type: str) -> list[Check]:
         st.assert_type(tensor, {data: data_type, **({mesh.tp: tp_type} if tp_inside else {})})
         return tensor
 
-    x, t = _rand(21, 4 * data_size, D, dtype=dtype), _rand(22, 4 * data_size, K, dtype=dtype)
-    w = _rand(23, D, K, dtype=dtype)
+    x, t = mesh.rand(21, 4 * data_size, D, dtype=dtype), mesh.rand(22, 4 * data_size, K, dtype=dtype)
+    w = mesh.rand(23, D, K, dtype=dtype)
     x_l = typed(x.chunk(data_size, 0)[data_index], st.V, st.I)
     t_l = typed(columns(t.chunk(data_size, 0)[data_index]), st.V, st.V)
     w_l = typed(_leaf(columns(w)), getattr(st, weight_type), st.V)
@@ -296,7 +303,7 @@ def program_fsdp(mesh: Mesh, C, dtype) -> list[Check]:
     import spmd_types as st
 
     K, tp, r = 4 * mesh.tp_size, mesh.tp_size, mesh.tp_index
-    x, w, g = _rand(31, 4 * tp, D, dtype=dtype), _rand(32, K, D, dtype=dtype), _rand(33, 4 * tp, K, dtype=dtype)
+    x, w, g = mesh.rand(31, 4 * tp, D, dtype=dtype), mesh.rand(32, K, D, dtype=dtype), mesh.rand(33, 4 * tp, K, dtype=dtype)
     x_l, g_l, w_l = x.chunk(tp, 0)[r], g.chunk(tp, 0)[r], _leaf(w.chunk(tp, 0)[r])
     st.assert_type(x_l, {mesh.tp: st.V})
     st.assert_type(g_l, {mesh.tp: st.V})
@@ -324,12 +331,12 @@ def program_context_parallel_attention(mesh: Mesh, C, dtype) -> list[Check]:
     import spmd_types as st
 
     tp, r, dh = mesh.tp_size, mesh.tp_index, 4
-    q, k, v, g = (_rand(40 + i, S, dh, dtype=dtype) for i in range(4))
+    q, k, v, g = (mesh.rand(40 + i, S, dh, dtype=dtype) for i in range(4))
     q_l, k_l, v_l = (_leaf(t.chunk(tp, 0)[r]) for t in (q, k, v))
     g_l = g.chunk(tp, 0)[r]
     local = S // tp
-    q_pos = torch.arange(local) + r * local
-    mask = torch.arange(S)[None, :] > q_pos[:, None]  # this rank's rows of the global causal mask
+    q_pos = torch.arange(local, device=mesh.device) + r * local
+    mask = torch.arange(S, device=mesh.device)[None, :] > q_pos[:, None]  # this rank's rows of the global causal mask
     for t in (q_l, k_l, v_l, g_l):
         st.assert_type(t, {mesh.tp: st.S(0)})
     st.assert_type(mask, {mesh.tp: st.S(0)})
@@ -339,7 +346,7 @@ def program_context_parallel_attention(mesh: Mesh, C, dtype) -> list[Check]:
     out = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v_full
     st.reinterpret((out * g_l).sum(), mesh.tp, src=st.V, dst=st.P).backward()
 
-    full_mask = torch.arange(S)[None, :] > torch.arange(S)[:, None]
+    full_mask = torch.arange(S, device=mesh.device)[None, :] > torch.arange(S, device=mesh.device)[:, None]
 
     def ref(q, k, v):
         out = torch.softmax(((q @ k.T) / math.sqrt(dh)).masked_fill(full_mask, float("-inf")), -1) @ v
@@ -359,8 +366,8 @@ def program_vocab_parallel_cross_entropy(mesh: Mesh, C, dtype) -> list[Check]:
     import spmd_types as st
 
     tp, r, vocab = mesh.tp_size, mesh.tp_index, 5 * mesh.tp_size
-    logits = _rand(51, B, vocab, dtype=dtype)
-    target = torch.tensor([0, vocab - 1, 3, vocab // 2])
+    logits = mesh.rand(51, B, vocab, dtype=dtype)
+    target = torch.tensor([0, vocab - 1, 3, vocab // 2], device=mesh.device)
     logits_l = _leaf(logits.chunk(tp, -1)[r])
     st.assert_type(logits_l, {mesh.tp: st.S(-1)})
     st.assert_type(target, {mesh.tp: st.I})
@@ -389,8 +396,8 @@ def _expert_parallel(mesh: Mesh, C, dtype, uneven: bool) -> list[Check]:
     # Rank s sends sends[s][e] tokens to expert e (the expert living on rank e).
     sends = [[(s + e + 1) if uneven else 2 for e in range(tp)] for s in range(tp)]
     counts = [sum(row) for row in sends]
-    tokens = _rand(61, sum(counts), D, dtype=dtype)
-    experts, g = _rand(62, tp, D, D, dtype=dtype), _rand(63, sum(counts), D, dtype=dtype)
+    tokens = mesh.rand(61, sum(counts), D, dtype=dtype)
+    experts, g = mesh.rand(62, tp, D, D, dtype=dtype), mesh.rand(63, sum(counts), D, dtype=dtype)
     start = sum(counts[:r])
     x_l, g_l = _leaf(tokens[start:start + counts[r]]), g[start:start + counts[r]]
     w_l = _leaf(experts[r])
@@ -440,8 +447,8 @@ def _partial_algebra(mesh: Mesh, C, dtype, expression: str) -> list[Check]:
     import spmd_types as st
 
     tp, r = mesh.tp_size, mesh.tp_index
-    a_all, b_all = _rand(71, tp, 3, 4, dtype=dtype), _rand(72, tp, 3, 4, dtype=dtype)
-    c, g = _rand(73, 3, 4, dtype=dtype), _rand(74, 3, 4, dtype=dtype)
+    a_all, b_all = mesh.rand(71, tp, 3, 4, dtype=dtype), mesh.rand(72, tp, 3, 4, dtype=dtype)
+    c, g = mesh.rand(73, 3, 4, dtype=dtype), mesh.rand(74, 3, 4, dtype=dtype)
     a_l, b_l, c_l = _leaf(a_all[r]), _leaf(b_all[r]), _leaf(c)
     st.assert_type(a_l, {mesh.tp: st.V})
     st.assert_type(b_l, {mesh.tp: st.V})
@@ -480,7 +487,7 @@ def program_regulariser(mesh: Mesh, C, dtype) -> list[Check]:
     import spmd_types as st
 
     tp, r, lam = mesh.tp_size, mesh.tp_index, 0.5
-    x, t, w = _rand(81, 4 * tp, D, dtype=dtype), _rand(82, 4 * tp, 2, dtype=dtype), _rand(83, D, 2, dtype=dtype)
+    x, t, w = mesh.rand(81, 4 * tp, D, dtype=dtype), mesh.rand(82, 4 * tp, 2, dtype=dtype), mesh.rand(83, D, 2, dtype=dtype)
     x_l, t_l, w_l = x.chunk(tp, 0)[r], t.chunk(tp, 0)[r], _leaf(w)
     st.assert_type(x_l, {mesh.tp: st.V})
     st.assert_type(t_l, {mesh.tp: st.V})
@@ -512,8 +519,8 @@ def program_missing_f_unchecked(mesh: Mesh, C, dtype) -> list[Check]:
     import torch.nn.functional as F
 
     H, tp, r = 4 * mesh.tp_size, mesh.tp_size, mesh.tp_index
-    x, w1, w2, g = _rand(1, B, D, dtype=dtype), _rand(2, H, D, dtype=dtype), _rand(3, D, H, dtype=dtype), \
-        _rand(4, B, D, dtype=dtype)
+    x, w1, w2, g = mesh.rand(1, B, D, dtype=dtype), mesh.rand(2, H, D, dtype=dtype), mesh.rand(3, D, H, dtype=dtype), \
+        mesh.rand(4, B, D, dtype=dtype)
     x_l, w1_l, w2_l = _leaf(x), _leaf(w1.chunk(tp, 0)[r]), _leaf(w2.chunk(tp, 1)[r])
     import spmd_types as st
 
@@ -573,7 +580,7 @@ def run_program(ctx, name: str, dtype_name: str, impl: str = "torch", mesh: str 
 def _typed(mesh: Mesh, t, shape=(3, 4), seed=90):
     import spmd_types as st
 
-    tensor = _leaf(_rand(seed, *shape))
+    tensor = _leaf(mesh.rand(seed, *shape))
     if t == "P":
         st.assert_type(tensor, {mesh.tp: st.V})
         return st.reinterpret(tensor, mesh.tp, src=st.V, dst=st.P)
@@ -614,9 +621,9 @@ def _reject_vocab_parallel_dst_R(mesh, C):
     import torch.nn.functional as F
     import spmd_types as st
 
-    logits = _leaf(_rand(51, B, 5 * mesh.tp_size).chunk(mesh.tp_size, -1)[mesh.tp_index])
+    logits = _leaf(mesh.rand(51, B, 5 * mesh.tp_size).chunk(mesh.tp_size, -1)[mesh.tp_index])
     st.assert_type(logits, {mesh.tp: st.S(-1)})
-    target = torch.tensor([0, 1, 2, 3])
+    target = torch.tensor([0, 1, 2, 3], device=mesh.device)
     st.assert_type(target, {mesh.tp: st.I})
     full = C.all_gather(logits, mesh.tp, src=st.S(-1), dst=st.R)
     F.cross_entropy(full, target).backward()
@@ -702,9 +709,9 @@ def run_primitive(ctx, name: str, dtype_name: str, impl: str = "torch") -> list[
 
     C, dtype, world, r = resolve(impl), _dtype(dtype_name), ctx.world_size, ctx.rank
     axis = ctx.group
-    xs = [_rand(100 + s, 2 * world, 2 * world, dtype=dtype, integers=True) for s in range(world)]
+    xs = [_rand(100 + s, 2 * world, 2 * world, dtype=dtype, integers=True, device=ctx.device) for s in range(world)]
     to_invariant = name.endswith("->I)")
-    ws = [_rand(200 + (0 if to_invariant else s), *_out_shape(name, world), dtype=dtype, integers=True)
+    ws = [_rand(200 + (0 if to_invariant else s), *_out_shape(name, world), dtype=dtype, integers=True, device=ctx.device)
           for s in range(world)]
     x = _leaf(xs[r])
     with typecheck():
@@ -766,9 +773,9 @@ def run_raw_collective(ctx, name: str, dtype_name: str, impl: str = "torch") -> 
     if name == "all_to_all":
         # Uneven: rank s sends s + d + 1 rows to rank d.
         sizes = [[s + d + 1 for d in range(world)] for s in range(world)]
-        xs = [_rand(300 + s, sum(sizes[s]), 3, dtype=dtype, integers=True) for s in range(world)]
+        xs = [_rand(300 + s, sum(sizes[s]), 3, dtype=dtype, integers=True, device=ctx.device) for s in range(world)]
         received = [sum(sizes[s][d] for s in range(world)) for d in range(world)]
-        ws = [_rand(400 + d, received[d], 3, dtype=dtype, integers=True) for d in range(world)]
+        ws = [_rand(400 + d, received[d], 3, dtype=dtype, integers=True, device=ctx.device) for d in range(world)]
         x = _leaf(xs[r])
         out = C.raw_all_to_all(x, [sizes[s][r] for s in range(world)], sizes[r], group)
 
@@ -782,8 +789,8 @@ def run_raw_collective(ctx, name: str, dtype_name: str, impl: str = "torch") -> 
     else:
         rows = {"all_reduce": 4, "all_gather": 2, "reduce_scatter": 2 * world}[name]
         out_rows = {"all_reduce": 4, "all_gather": 2 * world, "reduce_scatter": 2}[name]
-        xs = [_rand(300 + s, rows, 3, dtype=dtype, integers=True) for s in range(world)]
-        ws = [_rand(400 + s, out_rows, 3, dtype=dtype, integers=True) for s in range(world)]
+        xs = [_rand(300 + s, rows, 3, dtype=dtype, integers=True, device=ctx.device) for s in range(world)]
+        ws = [_rand(400 + s, out_rows, 3, dtype=dtype, integers=True, device=ctx.device) for s in range(world)]
         x = _leaf(xs[r])
         if name == "all_reduce":
             out, expected, grad = C.raw_all_reduce(x, group), sum(xs), sum(ws)

@@ -142,7 +142,7 @@ def nonfinite_input(rank: int, world: int, dtype: str):
     nan, inf, last = float("nan"), float("inf"), rank == world - 1
     row = [nan if rank == 0 else 1.0, inf, inf if rank == 0 else -inf, -inf if last else 2.0,
            nan if last else -3.0, nan if rank == 0 else inf]
-    return torch.tensor(row, dtype=getattr(torch, dtype))
+    return torch.tensor(row, dtype=getattr(torch, dtype), device="cpu")  # host-side; moved by the caller
 
 
 def nonfinite_on_rank(ctx, op: str, dtype: str, impl: str = "torch"):

@@ -94,7 +94,7 @@ def unsupported_put_wait_on_rank(ctx):
     import torch.distributed._symmetric_memory as symm_mem
 
     outcome = {}
-    for name, call in (("put_signal", lambda: symm_mem.put_signal(torch.zeros(4), _HandleOnCpu(), 0)),
+    for name, call in (("put_signal", lambda: symm_mem.put_signal(torch.zeros(4, device="cpu"), _HandleOnCpu(), 0)),
                        ("wait_signal", lambda: symm_mem.wait_signal(_HandleOnCpu(), 0))):
         try:
             call()

@@ -10,7 +10,7 @@ def rank_and_sum(ctx, offset):
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([ctx.rank + offset])
+    t = torch.tensor([ctx.rank + offset], device=ctx.device)
     dist.all_reduce(t)
     return ctx.rank, ctx.world_size, str(ctx.device), ctx.backend, int(t.item()), os.getpid()
 
@@ -27,7 +27,7 @@ def raise_before_collective(ctx):
 
     if ctx.rank == 0:
         raise RuntimeError("rank 0 gave up before the all_reduce")
-    t = torch.ones(1)
+    t = torch.ones(1, device=ctx.device)
     dist.all_reduce(t)  # blocks: rank 0 never joins
     return t
 
@@ -63,3 +63,29 @@ def shared_dir_roundtrip(ctx):
 
     dist.barrier()
     return sorted(p.name for p in Path(ctx.shared_dir).iterdir())
+
+
+def forgetful_all_reduce(ctx):
+    """A body that forgets ``ctx.device``: right on a CPU rank by accident, wrong on any accelerator."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((4,), float(ctx.rank))
+    dist.all_reduce(t)
+    return t
+
+
+def forgetful_result(ctx):
+    """Forgets the device but runs no collective: the tensor it returns is where it was made."""
+    import torch
+
+    return torch.arange(3) + ctx.rank
+
+
+def faithful_all_reduce(ctx):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((4,), float(ctx.rank), device=ctx.device)
+    dist.all_reduce(t)
+    return t, str(torch.empty(0).device)

@@ -20,7 +20,7 @@ from conformance import requires, world_size
 
 def on_rank(ctx, value):
     import torch, torch.distributed as dist
-    t = torch.tensor([value + ctx.rank])
+    t = torch.tensor([value + ctx.rank], device=ctx.device)
     dist.all_reduce(t)
     return int(t.item())
 

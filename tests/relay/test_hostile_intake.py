@@ -94,3 +94,33 @@ def test_deeply_nested_webhook_is_400_not_500(sqlite_relay):
     assert response.json()["error"] == "invalid_json" and "nests deeper" in response.json()["detail"]
     shallow_but_over = b'{"a":' * 80 + b"1" + b"}" * 80
     assert sqlite_relay.post("pull_request", shallow_but_over, delivery="deep-2").status_code == 400
+
+
+def test_a_signed_body_replayed_under_fresh_delivery_ids_is_a_duplicate(relay):
+    import concurrent.futures
+
+    body = json.dumps(pr_payload(number=30)).encode()
+    first = relay.post("pull_request", body, delivery="orig-1")
+    assert first.status_code == 202 and len(first.json()["dispatches"]) == 4
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        replays = list(pool.map(lambda i: relay.post("pull_request", body, delivery=f"replay-{i}"), range(6)))
+    assert [(r.status_code, r.json()["status"]) for r in replays] == [(200, "duplicate")] * 6
+    # GitHub's own redelivery keeps the delivery id: still answered duplicate, nothing new.
+    assert relay.post("pull_request", body, delivery="orig-1").json()["status"] == "duplicate"
+    relay.wait_settled()
+    assert len(relay.store.dispatches()) == 4 and len(relay.fake.dispatches()) == 4
+    assert all(relay.store.delivery(f"replay-{i}") is None for i in range(6))
+    # Another body (the same event a moment later) is a new delivery.
+    later = pr_payload(number=30, updated_at="2024-05-01T10:00:09Z")
+    assert relay.post("pull_request", later, delivery="next-1").status_code == 202
+
+
+def test_concurrent_replays_under_fresh_ids_store_one_copy(relay):
+    import concurrent.futures
+
+    body = json.dumps(push_payload(after="e" * 40)).encode()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: relay.post("push", body, delivery=f"race-{i}"), range(8)))
+    assert sorted(a.json()["status"] for a in answers) == ["duplicate"] * 7 + ["queued"]
+    relay.wait_settled()
+    assert len(relay.store.dispatches()) == 4

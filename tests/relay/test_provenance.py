@@ -11,7 +11,7 @@ import datetime as dt
 import httpx
 import pytest
 
-from relay.level_review import Bars, week_stats
+from relay.level_review import week_stats
 from relay.provenance import Provenance, check
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
@@ -121,5 +121,5 @@ def test_older_run_that_never_started_is_superseded(database_url, results_relay)
     late = drive.start("l4", drive.nonce("l4", first), run_id=5002)
     assert late.status_code == 409 and late.json()["error"] == "already_cancelled"
     # A superseded run never counts against the backend's level.
-    stats = week_stats("l4", relay.store.runs(backend="l4"), since, dt.datetime(2100, 1, 1), Bars())
+    stats = week_stats("l4", relay.store.runs(backend="l4"), since, dt.datetime(2100, 1, 1))
     assert stats.runs == 0

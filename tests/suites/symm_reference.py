@@ -54,7 +54,7 @@ class ReferenceSymmetricMemory:
     def _map(self, path: Path, numel: int, dtype):
         import torch
 
-        return torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+        return torch.from_file(str(path), shared=True, size=numel, dtype=dtype, device=self.ctx.device)
 
     def allocate(self, shape, dtype):
         import math
