@@ -1,15 +1,15 @@
 """Failing tests: an index on test results by (outcome, backend, test id, recorded at), so "failing now"
 reads a page of failures in order from its cursor instead of every result of the window.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: bounded dashboard reads
 """
 
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
