@@ -108,6 +108,10 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600), registry=self.registry,
         )
         self.sent = Counter("relay_dispatches_sent", "dispatches delivered (204)", registry=self.registry)
+        self.claims = Counter(
+            "relay_dispatch_claims", "outbox claims by the dispatcher loop, by result (rows or empty)", ["result"],
+            registry=self.registry,
+        )
         self.retries = Counter("relay_dispatch_retries", "dispatches rescheduled, by reason", ["reason"], registry=self.registry)
         self.failures = Counter("relay_dispatch_failures", "dispatches given up, by reason", ["reason"], registry=self.registry)
         if store is not None:

@@ -280,9 +280,11 @@ class Store(ResultsOperations):
 
     @guarded
     def seconds_until_next_due(self) -> float | None:
+        """Seconds until a row comes due by itself or a credential's rest ends (None: nothing will)."""
+        now = utcnow()
         with self._reading() as session:
-            due = dispatches.next_due_at(session)
-        return None if due is None else max(0.0, (due - utcnow()).total_seconds())
+            times = [t for t in (dispatches.next_due_at(session, now), credential_gates.next_rest_end(session, now)) if t]
+        return None if not times else max(0.0, (min(times) - now).total_seconds())
 
     @guarded
     def outbox_depth(self) -> dict[str, int]:
