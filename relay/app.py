@@ -20,9 +20,10 @@ from fastapi import FastAPI
 
 from conformance.descriptors import packaged_backends_dir
 
-from relay import callbacks, dashboard, intake, observability, wiring
+from relay import callbacks, dashboard, intake, observability, security_headers, wiring
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
+from relay.request_body import BodyBudget
 from relay.settings import Settings
 from relay.store import Store, StoreUnavailable
 from relay.trust import load_allowlist
@@ -57,9 +58,12 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
                 app.state.dispatcher.stop()
             store.close()
 
-    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan)
+    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    security_headers.install(app)
     app.state.settings = settings
     app.state.secrets = settings.secret_values()
+    app.state.body_budget = BodyBudget(settings.unauthenticated_body_budget_bytes)
     app.state.allowlist = allowlist
     app.state.store = store
     app.state.metrics = metrics

@@ -57,7 +57,10 @@ def serve(args: argparse.Namespace) -> int:
     # full passes, which otherwise walk those ~140 000 objects and stall every request for ~100 ms.
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False)
+    # Bounded resources for an exposed listener (see docs/relay-security.md): at most
+    # RELAY_HTTP_MAX_CONNECTIONS at once (503 beyond), idle keep-alive connections closed.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False,
+                limit_concurrency=settings.http_max_connections, timeout_keep_alive=settings.http_keep_alive_seconds)
     return 0
 
 

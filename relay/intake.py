@@ -63,9 +63,9 @@ STORED_EVENTS = frozenset({"issue_comment", "check_run", "check_suite"})
 class WebhookRejected(Exception):
     """A refused webhook: HTTP status, a short error code and a sentence saying what to fix."""
 
-    def __init__(self, status: int, error: str, detail: str):
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None):
         super().__init__(detail)
-        self.status, self.error, self.detail = status, error, detail
+        self.status, self.error, self.detail, self.headers = status, error, detail, headers or {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +97,10 @@ async def verified_webhook(request: Request) -> Webhook:
     """The signature is checked before any other header or the body is looked at."""
     settings = request.app.state.settings
     try:
-        body = await read_capped(request, settings.max_body_bytes, "RELAY_MAX_BODY_BYTES")
+        body = await read_capped(request, settings.max_body_bytes, "RELAY_MAX_BODY_BYTES",
+                                 budget=request.app.state.body_budget, timeout=settings.body_read_timeout_seconds)
     except BodyRefused as refused:
-        raise WebhookRejected(refused.status, refused.code, refused.detail) from None
+        raise WebhookRejected(refused.status, refused.code, refused.detail, refused.headers) from None
     signature = request.headers.get(SIGNATURE_HEADER)
     if signature is None:
         raise WebhookRejected(401, "signature_missing", f"{SIGNATURE_HEADER} header is missing; configure a secret on the webhook")
@@ -236,4 +237,4 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
 
 
 def rejection_handler(_request: Request, exc: WebhookRejected) -> JSONResponse:
-    return JSONResponse({"error": exc.error, "detail": exc.detail}, status_code=exc.status)
+    return JSONResponse({"error": exc.error, "detail": exc.detail}, status_code=exc.status, headers=exc.headers)

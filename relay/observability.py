@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hmac
 import json
 import logging
 import sys
@@ -166,4 +167,13 @@ def quarantined(request: Request, limit: int = Query(100, ge=1, le=1000)) -> lis
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
+    """Prometheus metrics; with ``RELAY_METRICS_TOKEN`` set, only for ``Authorization: Bearer <token>``."""
+    token = request.app.state.settings.metrics_token
+    if token is not None:
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {token.get_secret_value()}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return JSONResponse({"error": "metrics_token", "detail": (
+                "/metrics needs 'Authorization: Bearer <token>' with the token set in RELAY_METRICS_TOKEN")},
+                status_code=401, headers={"WWW-Authenticate": "Bearer"})
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -219,6 +219,11 @@ class BackendTarget:
     label: str
     level_since: dt.date | None = None
     callback_token_sha256: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The repository's numeric identity for OIDC callbacks (None: pinned at the first callback), and
+    # the workflow its callbacks must come from (None: any).
+    repository_id: int | None = None
+    repository_owner_id: int | None = None
+    workflow_ref: str | None = None
 
     @property
     def switches(self) -> Switches:
@@ -258,6 +263,8 @@ class BackendTarget:
             name=descriptor.name, repository=descriptor.relay.repository, level=descriptor.relay.level,
             label=descriptor.relay_label, level_since=descriptor.relay.level_since,
             callback_token_sha256=descriptor.relay.callback_token_sha256,
+            repository_id=descriptor.relay.repository_id, repository_owner_id=descriptor.relay.repository_owner_id,
+            workflow_ref=descriptor.relay.workflow_ref,
         )
 
 

@@ -56,10 +56,11 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
     verifier = None
     if settings.oidc_audience:
         jwks = JwksCache(settings.oidc_issuer, jwks_url=settings.oidc_jwks_url, timeout=settings.github_timeout_seconds)
-        verifier = OidcVerifier(settings.oidc_issuer, settings.oidc_audience, jwks)
+        verifier = OidcVerifier(settings.oidc_issuer, settings.oidc_audience, jwks,
+                                max_lifetime_seconds=settings.oidc_max_token_lifetime_seconds)
     else:
         log.warning("RELAY_OIDC_AUDIENCE is unset: OIDC callbacks are refused; only static callback tokens work")
-    auth = CallerAuth(allowlist, verifier)
+    auth = CallerAuth(allowlist, verifier, identities=store)
     limiter = RateLimiter(settings.callback_rate_per_minute, settings.callback_rate_burst)
     limits = ReportLimits(max_tests=settings.callback_max_tests, max_message_chars=settings.callback_max_message_chars)
     callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes,

@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.suites._dtensor_mesh import disagreement, run_cases
+from conformance.suites._dtensor_mesh import disagreement, resolve_injected, run_cases
 
 SHAPES = {"even": (4, 6), "uneven": (5, 7), "one_row": (1, 6)}
 SOURCES_1D = ("R", "S0", "S1", "P(sum)", "P(avg)", "P(max)", "P(min)")
@@ -65,8 +65,8 @@ def global_tensor(shape_name: str, salt: str):
 
 
 def partial_values(target, op: str, count: int, salt: str) -> list:
-    """``count`` integer-valued tensors whose reduction by ``op`` is exactly ``target``, none of them
-    equal to it (every rank holds a real share)."""
+    """``count`` integer-valued tensors whose reduction by ``op`` is exactly ``target``: every rank holds
+    a real share (for max/min a random rank holds each element's extreme), not rank 0 the whole value."""
     import torch
 
     gen = _generator(salt, op, count)
@@ -118,7 +118,11 @@ def _coords(mesh) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(mesh.get_coordinate()), tuple(mesh.shape)
 
 
-def _redistribute_case(ctx, case: Redistribution, mesh) -> dict[str, Any]:
+def default_redistribute(dtensor, mesh, target: list):
+    return dtensor.redistribute(mesh, target)
+
+
+def _redistribute_case(ctx, case: Redistribution, mesh, redistribute) -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -128,7 +132,7 @@ def _redistribute_case(ctx, case: Redistribution, mesh) -> dict[str, Any]:
     local = local_part(full, case.source, coords, sizes, salt).contiguous()
     source = DTensor.from_local(local, mesh, placements(case.source), run_check=False, shape=full.shape,
                                 stride=full.stride())
-    result = source.redistribute(mesh, placements(case.target))
+    result = redistribute(source, mesh, placements(case.target))
     record: dict[str, Any] = {"placements": [str(p) for p in result.placements],
                               "wanted": [str(p) for p in placements(case.target)],
                               "full": result.full_tensor(), "expected": full}
@@ -139,9 +143,14 @@ def _redistribute_case(ctx, case: Redistribution, mesh) -> dict[str, Any]:
     return record
 
 
-def evaluate_redistribute(ctx, mesh: str) -> dict[str, dict]:
+def evaluate_redistribute(ctx, mesh: str, redistributor: str = "dtensor") -> dict[str, dict]:
+    """Rank function: every redistribution of ``mesh`` through ``redistributor`` (``"dtensor"``:
+    ``DTensor.redistribute``; or ``"package.module:ATTRIBUTE"``, a ``(dtensor, mesh, placements) ->
+    DTensor`` function)."""
     shape = (ctx.world_size,) if mesh == "1d" else (2, 2)
-    return run_cases(ctx, shape, [(c.id, lambda m, c=c: _redistribute_case(ctx, c, m)) for c in redistributions(mesh)])
+    redistribute = resolve_injected(redistributor, default_redistribute, "redistributor")
+    return run_cases(ctx, shape, [(c.id, lambda m, c=c: _redistribute_case(ctx, c, m, redistribute))
+                                  for c in redistributions(mesh)])
 
 
 def redistribute_verdict(case: Redistribution, record: dict) -> str | None:
@@ -154,7 +163,9 @@ def redistribute_verdict(case: Redistribution, record: dict) -> str | None:
         return f"{what} gave placements {record['placements']}, expected {record['wanted']}"
     if not _equal(record["full"], record["expected"]):
         return f"{what}: full tensor {record['full'].tolist()}, expected {record['expected'].tolist()}"
-    return record.get("local_problem") and f"{what}: {record['local_problem']}"
+    if record.get("local_problem"):
+        return f"{what}: {record['local_problem']}"
+    return None
 
 
 def _equal(a, b) -> bool:

@@ -44,8 +44,8 @@ def _assert(per_rank: list[dict], key: str, verdict, what: str) -> None:
         raise ConformanceFailure(f"{what}:\n  " + "\n  ".join(lines))
 
 
-def check_redistribute(ranks, case: cases.Redistribution, mesh: str = "1d") -> None:
-    per_rank = _records(ranks, ("redistribute", mesh), cases.evaluate_redistribute, mesh)
+def check_redistribute(ranks, case: cases.Redistribution, mesh: str = "1d", redistributor: str = "dtensor") -> None:
+    per_rank = _records(ranks, ("redistribute", mesh, redistributor), cases.evaluate_redistribute, mesh, redistributor)
     _assert(per_rank, case.id, lambda r: cases.redistribute_verdict(case, r),
             f"DTensor over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) is wrong")
 

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from relay import provenance
 from relay.run_states import RunState, check_transition
 from relay.store import (
-    callback_nonces, dispatches, per_test_results, quarantine, reported_states, rerun_requests, runs,
+    callback_nonces, dispatches, oidc_identities, per_test_results, quarantine, reported_states, rerun_requests, runs,
 )
 from relay.store.base import utcnow
 from relay.store.errors import guarded
@@ -221,6 +221,18 @@ class ResultsOperations:
         """Let the passes try the row again (after it was fixed); False if it was not quarantined."""
         with self._transaction() as session:
             return quarantine.release(session, worker, subject)
+
+    # --- OIDC identities ------------------------------------------------------------------------
+    @guarded
+    def pin_oidc_identity(self, backend: str, repository_id: int, repository_owner_id: int) -> tuple[int, int]:
+        """The ids pinned for ``backend``: the given ones if this is its first OIDC callback."""
+        with self._transaction() as session:
+            return oidc_identities.pin(session, backend, repository_id, repository_owner_id, utcnow())
+
+    @guarded
+    def oidc_identity(self, backend: str) -> tuple[int, int] | None:
+        with self._transaction() as session:
+            return oidc_identities.get(session, backend)
 
     # --- re-runs --------------------------------------------------------------------------------
     @guarded

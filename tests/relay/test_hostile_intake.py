@@ -124,3 +124,58 @@ def test_concurrent_replays_under_fresh_ids_store_one_copy(relay):
     assert sorted(a.json()["status"] for a in answers) == ["duplicate"] * 7 + ["queued"]
     relay.wait_settled()
     assert len(relay.store.dispatches()) == 4
+
+
+def _raw_request(url: str, headers: dict[str, str], first_bytes: bytes):
+    """A socket that sent the request line, headers and ``first_bytes`` of the body, and then stalls."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": parts.netloc, **headers}.items())
+    sock.sendall(f"POST /github/webhook HTTP/1.1\r\n{head}\r\n".encode() + first_bytes)
+    return sock
+
+
+def _status_of(sock) -> int:
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_unauthenticated_bodies_share_a_bounded_budget(relay_factory, sqlite_url):
+    relay = relay_factory(sqlite_url, unauthenticated_body_budget_bytes=1_000_000, max_body_bytes=2_000_000)
+    headers = {"Content-Type": "application/json", "X-GitHub-Event": "push", "X-GitHub-Delivery": "slow-1",
+               "X-Hub-Signature-256": "sha256=" + "0" * 64}
+    held = _raw_request(relay.url, {**headers, "Content-Length": "900000"}, b"{" * 1000)
+    try:
+        import time
+
+        # The held upload's reservation is visible once the relay started reading it.
+        deadline = time.monotonic() + 20
+        while relay.app.state.body_budget.used < 900_000:
+            assert time.monotonic() < deadline, "the relay never started reading the held body"
+            time.sleep(0.01)
+        refused = relay.post("push", b"{" + b" " * 499_000 + b"}", delivery="big-2")
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"] == "busy" and "RELAY_UNAUTHENTICATED_BODY_BUDGET_BYTES" in refused.json()["detail"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert relay.post("push", push_payload(), delivery="small-1").status_code == 202  # small webhooks still fit
+    finally:
+        held.close()
+
+
+def test_a_stalled_body_is_answered_408(relay_factory, sqlite_url):
+    relay = relay_factory(sqlite_url, body_read_timeout_seconds=0.5)
+    sock = _raw_request(relay.url, {"Content-Type": "application/json", "Content-Length": "5000",
+                                    "X-GitHub-Event": "push", "X-GitHub-Delivery": "stall-1"}, b'{"a": ')
+    try:
+        assert _status_of(sock) == 408
+    finally:
+        sock.close()
+    assert relay.app.state.body_budget.used == 0

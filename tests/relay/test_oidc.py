@@ -15,8 +15,8 @@ from tests.relay.results_fixtures import oidc_issuer, results_backends  # noqa: 
 from tests.relay.results_support import AUDIENCE, TOKENS
 
 TARGETS = (
-    BackendTarget("l1", "org/l1-ci", TrustLevel.L1, "ciflow/crcr/l1", hashlib.sha256(TOKENS["l1"].encode()).hexdigest()),
-    BackendTarget("l2", "org/l2-ci", TrustLevel.L2, "ciflow/crcr/l2", hashlib.sha256(TOKENS["l2"].encode()).hexdigest()),
+    BackendTarget("l1", "org/l1-ci", TrustLevel.L1, "ciflow/crcr/l1", callback_token_sha256=hashlib.sha256(TOKENS["l1"].encode()).hexdigest()),
+    BackendTarget("l2", "org/l2-ci", TrustLevel.L2, "ciflow/crcr/l2", callback_token_sha256=hashlib.sha256(TOKENS["l2"].encode()).hexdigest()),
     BackendTarget("l4", "Org/L4-CI", TrustLevel.L4, "ciflow/crcr/l4", None),
 )
 
