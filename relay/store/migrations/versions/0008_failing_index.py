@@ -1,15 +1,15 @@
 """Failing tests: an index on test results by (outcome, backend, test id, recorded at), so "failing now"
 reads a page of failures in order from its cursor instead of every result of the window.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: bounded dashboard reads
 """
 
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
