@@ -6,7 +6,8 @@ at shutdown stops the dispatcher (in-flight calls finish) and closes the store.
 
 Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
 ``GET /metrics`` (:mod:`relay.observability`), ``POST /github/callback`` (:mod:`relay.callbacks`), the
-dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets).
+dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets), ``/docs``
+(served locally) and the security headers of every response (:mod:`relay.security_headers`).
 The results side's workers (reporting, sweeper, re-run watcher: :mod:`relay.wiring`) start and stop
 with the dispatcher.
 """

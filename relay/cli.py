@@ -44,6 +44,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from relay.app import create_app
     from relay.observability import configure_logging
+    from relay.serving import uvicorn_options
     from relay.store import StoreUnavailable
 
     settings = load_settings()
@@ -57,10 +58,9 @@ def serve(args: argparse.Namespace) -> int:
     # full passes, which otherwise walk those ~140 000 objects and stall every request for ~100 ms.
     gc.collect()
     gc.freeze()
-    # Bounded resources for an exposed listener (see docs/relay-security.md): at most
-    # RELAY_HTTP_MAX_CONNECTIONS at once (503 beyond), idle keep-alive connections closed.
+    # Bounded resources for an exposed listener: connections, keep-alive and a header deadline.
     uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False,
-                limit_concurrency=settings.http_max_connections, timeout_keep_alive=settings.http_keep_alive_seconds)
+                **uvicorn_options(settings))
     return 0
 
 

@@ -49,7 +49,7 @@ def test_run_exits_non_zero_when_a_known_failure_is_not_declared(tmp_path):
 def test_unknown_suite_is_refused(tmp_path):
     result = conformance("run", "--suite", "nope", cwd=tmp_path)
     assert result.returncode == 1
-    assert "unknown suite 'nope'; available: collectives" in result.stderr
+    assert "unknown suite 'nope'; available: collective_layouts, collectives, dtensor, " in result.stderr
 
 
 def test_backends_shows_detection_and_declared_vs_probed(tmp_path):

@@ -1,15 +1,15 @@
 """Failing tests: an index on test results by (outcome, backend, test id, recorded at), so "failing now"
 reads a page of failures in order from its cursor instead of every result of the window.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: bounded dashboard reads
 """
 
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
