@@ -140,7 +140,7 @@ def healthz(request: Request) -> JSONResponse:
 
 
 class QuarantinedEntry(BaseModel):
-    worker: str = Field(description="the pass that set the row aside: adoption, time_outs or re-runs")
+    worker: str = Field(description="the pass that set the row aside: run_rows (the run of a sent dispatch), time_outs or re-runs")
     subject: str = Field(description="the row, e.g. 'dispatch 17', 'run 5', 'delivery <id>'")
     error: str = Field(description="the error handling it raised")
     quarantined_at: dt.datetime

@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     callback_rate_burst: int = Field(60, ge=1)
     dashboard_url: str = Field("http://127.0.0.1:8000", description="public base URL of the dashboard (details links)")
     reporting_enabled: bool = True
-    label_poll_seconds: float = Field(5.0, gt=0)
+    reporting_poll_seconds: float = Field(5.0, gt=0, description="how often reporting looks for runs and labels changed by other processes")
     sweeper_enabled: bool = True
     sweep_interval_seconds: float = Field(60.0, gt=0)
     run_start_timeout_seconds: float = Field(6 * 3600.0, gt=0, description="dispatched but never started -> timed_out")

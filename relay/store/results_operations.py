@@ -96,11 +96,6 @@ class ResultsOperations:
 
     # --- sweeper --------------------------------------------------------------------------------
     @guarded
-    def adopt_dispatches(self, since: dt.datetime) -> tuple[list[int], list[int]]:
-        with self._transaction() as session:
-            return runs.adopt(session, utcnow(), since)
-
-    @guarded
     def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
         """Time out open runs past their limits, row by row: a run that cannot be changed is quarantined
         (``time_outs`` / ``run <id>``) and the others still time out."""
@@ -164,17 +159,8 @@ class ResultsOperations:
                 return None
             return PullRequestSnapshot(
                 repository=row.repository, number=row.number, head_sha=row.head_sha, state=row.state,
-                labels=tuple(row.labels), source_updated_at=row.source_updated_at,
+                labels=tuple(row.labels), source_updated_at=row.source_updated_at, recorded_at=row.recorded_at,
             )
-
-    @guarded
-    def pull_requests_changed_since(self, when: dt.datetime) -> list[tuple[str, int, dt.datetime]]:
-        with self._transaction() as session:
-            rows = session.execute(
-                select(PullRequest.repository, PullRequest.number, PullRequest.recorded_at)
-                .where(PullRequest.recorded_at > when).order_by(PullRequest.recorded_at)
-            ).all()
-            return [(r[0], r[1], r[2]) for r in rows]
 
     # --- reporting ------------------------------------------------------------------------------
     @guarded
@@ -190,9 +176,19 @@ class ResultsOperations:
     @guarded
     def record_reported_state(
         self, run_pk: int, target: str, state: str, *, external_id: int | None = None, last_error: str | None = None,
+        run_updated_at: dt.datetime | None = None, labels_recorded_at: dt.datetime | None = None,
     ) -> None:
+        """What reporting decided for a run, and from which run and label versions (see ``reports_pending``)."""
         with self._transaction() as session:
-            reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error, now=utcnow())
+            reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error,
+                                now=utcnow(), run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at)
+
+    @guarded
+    def reports_pending(self, target: str, *, since: dt.datetime, limit: int = 200,
+                        skip: Sequence[int] = ()) -> list[reported_states.PendingReport]:
+        """Runs whose state or PR labels changed after what was last decided for ``target``."""
+        with self._transaction() as session:
+            return reported_states.pending(session, target, since=since, limit=limit, skip=tuple(skip))
 
     # --- quarantine -----------------------------------------------------------------------------
     @guarded

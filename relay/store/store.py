@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.store import backends, credential_gates, deliveries, dispatches, probes, pull_requests
+from relay.store import backends, credential_gates, deliveries, dispatches, probes, pull_requests, quarantine, runs
 from relay.store.base import utcnow
 from relay.store.database import create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
@@ -225,13 +225,23 @@ class Store(ResultsOperations):
         self, dispatch_id: int, claimer: str, *, state: str, attempted: bool, last_error: str | None = None,
         last_status: int | None = None, retry_in_seconds: float | None = None,
     ) -> bool:
+        """Record a send's outcome if ``claimer`` still holds the row (False: the claim was lost, nothing
+        written). Marking it sent creates, in the same transaction, the run it starts (or cancels the
+        runs a ``closed`` event ends), so no sent dispatch is ever without its run."""
         now = utcnow()
         next_at = None if retry_in_seconds is None else now + dt.timedelta(seconds=retry_in_seconds)
         with self._transaction() as session:
-            return dispatches.finish(
+            kept = dispatches.finish(
                 session, dispatch_id, claimer, now=now, state=state, attempted=attempted,
                 last_error=last_error, last_status=last_status, next_attempt_at=next_at,
             )
+            if kept and state == dispatches.DispatchState.sent:
+                # In a savepoint of its own: a run that cannot be written (bad data in the delivery) is
+                # quarantined, and the dispatch is still recorded sent (never sent again for it).
+                dispatch = session.get(dispatches.Dispatch, dispatch_id)
+                quarantine.each_row(session, runs.RUN_ROWS, [(f"dispatch {dispatch_id}", dispatch)],
+                                    lambda row: runs.record_sent(session, row, now), now)
+            return kept
 
     # --- credential gates (shared by every process on this database) ------------------------------
     @staticmethod

@@ -194,6 +194,12 @@ class FakeGitHub(LoopbackServer):
             and (r.answered == 204 or not accepted_only)
         ]
 
+    @property
+    def faults_left(self) -> int:
+        """Scripted faults not yet taken by a request (a request takes its fault when it arrives)."""
+        with self._lock:
+            return len(self._faults)
+
     # --- internals ------------------------------------------------------------------------------
     def _next_fault(self, endpoint: str | None, repository: str | None) -> Fault | None:
         with self._lock:
