@@ -160,11 +160,13 @@ class ConformanceSession:
             f"distributed backend {d.distributed_backend}, torch {torch.__version__}, "
             f"world size {self.world_size} (ranks available: {self.available_ranks})",
         ]
+        for name in CHEAP_PROBES:  # the rest (imports of DTensor, Dynamo) only when a selected test needs them
+            self.capabilities.probes[name]
         probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
-        shown = (f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
-                 for name in CAPABILITIES)
-        lines.append("conformance: capabilities: " + " ".join(shown) + " (? = not probed yet: probed when a "
-                     "selected test needs it)")
+        shown = [f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
+                 for name in CAPABILITIES]
+        lines.append("conformance: capabilities: " + " ".join(shown)
+                     + (" (?: not needed by the selected tests, not probed)" if len(probed) < len(CAPABILITIES) else ""))
         for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
         return lines
@@ -207,6 +209,9 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
             ranks=[RankOutcome(rank=r, node=node, outcome=t.outcome, message=t.message if t.outcome != "passed" else "")
                    for r, node, t in entries]))
     return merged
+
+
+CHEAP_PROBES = ("collectives", "symmetric_memory", "put_signal", "bf16")
 
 
 class WorldSizeError(DescriptorError):
