@@ -62,7 +62,12 @@ _RETRIED_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 
 
 class CallbackFailed(Exception):
-    """The callback could not be delivered: the relay refused it, or retries ran out. The message says which."""
+    """The callback could not be delivered: the relay refused it, or retries ran out. The message says which;
+    ``code`` is the relay's error code when it refused (e.g. ``completed_before_in_progress``)."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 # Whether output goes to a GitHub Actions log (workflow commands) or a terminal; run_callback sets it
@@ -222,14 +227,14 @@ class Delivery:
                                      or code in _ENDED_BY_RELAY and body["state"] == "completed"):
             _annotate("notice", f"{what}: the relay already has it ({answer.describe()})")
             return answer.json()
-        raise CallbackFailed(f"{what} refused by the relay: {answer.describe()}")
+        raise CallbackFailed(f"{what} refused by the relay: {answer.describe()}", code)
 
     def report(self, body: dict[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
         """Send ``body``; a ``completed`` the relay refuses as before ``in_progress`` gets its ``in_progress`` first."""
         try:
             return self.send(body)
         except CallbackFailed as exc:
-            if body["state"] != "completed" or "completed_before_in_progress" not in str(exc):
+            if body["state"] != "completed" or exc.code != "completed_before_in_progress":
                 raise
         _annotate("warning", "the relay never got in_progress for this run: sending it now, then completed")
         self.send({**run, "state": "in_progress"})

@@ -8,6 +8,7 @@ then reads the JSON report it wrote to print a per-suite table.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -67,6 +68,19 @@ def rank_lines(report) -> list[str]:
     return lines
 
 
+def lack_of_ranks(report) -> str | None:
+    """A line saying how many tests were skipped for lack of ranks and how to run them, or None.
+
+    Reads the skip reason the plugin gives (``needs N ranks; ...``)."""
+    needed = [int(m.group(1)) for t in report.tests if t.outcome == "skipped"
+              and (m := re.match(r"needs (\d+) ranks", t.message))]
+    if not needed:
+        return None
+    most = max(needed)
+    return (f"{len(needed)} tests skipped for lack of ranks (they need up to {most}); run them with: "
+            f"conformance run --world-size {most} -- -m world_size")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
@@ -100,6 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_table(report))
     for line in rank_lines(report):
         print(line)
+    short = lack_of_ranks(report)
+    if short:
+        print(short)
     if args.report:
         print(f"report: {args.report}")
     unexpected = report.summary.failed + report.summary.errors

@@ -11,6 +11,7 @@ and ``conformance.capabilities``.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import os
 import re
@@ -123,8 +124,21 @@ class RelayTarget(_Strict):
     repository: str = Field(description="downstream repository, owner/name")
     level: TrustLevel = TrustLevel.L1
     label: str | None = Field(default=None, description="L3 label; default ciflow/crcr/<name>")
+    level_since: datetime.date | None = Field(
+        default=None, description="date the backend reached its level (the level review's time at level)"
+    )
     callback_token_sha256: str | None = Field(
         default=None, description="sha256 hex of a static callback token, for CI without OIDC"
+    )
+    repository_id: int | None = Field(
+        default=None, gt=0, description="GitHub's numeric id of the repository (OIDC repository_id); unset: pinned at the first callback"
+    )
+    repository_owner_id: int | None = Field(
+        default=None, gt=0, description="numeric id of the repository's owner (OIDC repository_owner_id); unset: pinned likewise"
+    )
+    workflow_ref: str | None = Field(
+        default=None, max_length=500,
+        description="if set, OIDC callbacks must come from this workflow (the token's workflow_ref, owner/repo/path@ref)",
     )
 
     @field_validator("repository")

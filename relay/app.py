@@ -6,7 +6,8 @@ at shutdown stops the dispatcher (in-flight calls finish) and closes the store.
 
 Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
 ``GET /metrics`` (:mod:`relay.observability`), ``POST /github/callback`` (:mod:`relay.callbacks`), the
-dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets).
+dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets), ``/docs``
+(served locally) and the security headers of every response (:mod:`relay.security_headers`).
 The results side's workers (reporting, sweeper, re-run watcher: :mod:`relay.wiring`) start and stop
 with the dispatcher.
 """
@@ -20,11 +21,12 @@ from fastapi import FastAPI
 
 from conformance.descriptors import packaged_backends_dir
 
-from relay import callbacks, dashboard, intake, observability, wiring
+from relay import callbacks, dashboard, intake, observability, security_headers, wiring
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
+from relay.request_body import BodyBudget
 from relay.settings import Settings
-from relay.store import Store
+from relay.store import Store, StoreUnavailable
 from relay.trust import load_allowlist
 
 __all__ = ["create_app"]
@@ -57,9 +59,12 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
                 app.state.dispatcher.stop()
             store.close()
 
-    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan)
+    app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    security_headers.install(app)
     app.state.settings = settings
     app.state.secrets = settings.secret_values()
+    app.state.body_budget = BodyBudget(settings.unauthenticated_body_budget_bytes)
     app.state.allowlist = allowlist
     app.state.store = store
     app.state.metrics = metrics
@@ -74,6 +79,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     app.state.callbacks = app.state.results.callbacks
     app.add_exception_handler(intake.WebhookRejected, intake.rejection_handler)
     app.add_exception_handler(callbacks.CallbackRejected, callbacks.rejection_handler)
+    app.add_exception_handler(StoreUnavailable, observability.store_unavailable_handler)
 
     app.include_router(intake.router)
     app.include_router(observability.router)

@@ -323,7 +323,8 @@ _ERRORS = {
 async def callback(request: Request, caller: Annotated[Caller, Depends(verified_caller)]) -> CallbackAccepted:
     service = _service(request)
     try:
-        body = await read_capped(request, service.max_body_bytes, "RELAY_CALLBACK_MAX_BYTES")
+        body = await read_capped(request, service.max_body_bytes, "RELAY_CALLBACK_MAX_BYTES",
+                                 timeout=request.app.state.settings.body_read_timeout_seconds)
     except BodyRefused as refused:
         raise CallbackRejected(refused.status, refused.code, refused.detail) from None
     try:

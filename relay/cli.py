@@ -1,4 +1,4 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review [--days] [--json]``.
+"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review [--json]``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
 stops start-up with a message naming it (exit 2). Each subcommand is a function registered with
@@ -44,6 +44,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from relay.app import create_app
     from relay.observability import configure_logging
+    from relay.serving import uvicorn_options
     from relay.store import StoreUnavailable
 
     settings = load_settings()
@@ -57,7 +58,9 @@ def serve(args: argparse.Namespace) -> int:
     # full passes, which otherwise walk those ~140 000 objects and stall every request for ~100 ms.
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False)
+    # Bounded resources for an exposed listener: connections, keep-alive and a header deadline.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False,
+                **uvicorn_options(settings))
     return 0
 
 
@@ -67,7 +70,7 @@ def _levels_arguments(parser: argparse.ArgumentParser) -> None:
     _review_arguments(parser)
 
 
-@subcommand("levels", "level review: weekly success rate and time to result, promotion/demotion advice", _levels_arguments)
+@subcommand("levels", "level review: each backend against its level criteria, promotion/demotion advice", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
     from relay.level_review import levels_command
 

@@ -12,7 +12,9 @@ How it works, in order:
    lease runs out, so nothing is lost.
 2. Each claimed row is sent on a worker thread; backends never wait for each other, so one slow or
    failing downstream delays only its own lane.
-3. The outcome is written back: ``sent``; ``queued`` again with exponential backoff and jitter
+3. The outcome is written back: ``sent`` (in the same transaction, the run it starts gets its
+   ``dispatched`` row, or the runs a ``closed`` event ends are cancelled; then reporting is woken);
+   ``queued`` again with exponential backoff and jitter
    (5xx, network); ``queued`` after the wait GitHub asked for (rate limits, which also rest every
    backend sharing that credential, in every process); ``queued`` again after a pause of the
    credential when GitHub refused it (401: the credential is at fault, not the row, so nothing is
@@ -33,7 +35,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
 from relay.github import DispatchSender, GitHubCallError, PermanentError, RateLimitedError, RetryableError
@@ -43,12 +45,8 @@ from relay.store.base import utcnow
 
 __all__ = ["CredentialGates", "Dispatcher"]
 
-# A claim that found nothing to send is not repeated for 10 times as long as it took (at least 20 ms).
-# Under a burst every stored webhook wakes the loop; while every due row waits for a paced or resting
-# credential, each wake would otherwise scan a deep outbox again for nothing (measured: a third of the
-# process's CPU); this way such claims take at most about a tenth of the time, however deep the outbox.
+# Empty claims are at least this far apart: a burst of webhooks wakes the loop once per webhook.
 _EMPTY_CLAIM_GAP_SECONDS = 0.02
-_EMPTY_CLAIM_GAP_FACTOR = 10
 
 log = logging.getLogger("relay.dispatch")
 
@@ -129,6 +127,8 @@ class Dispatcher:
         self._credential_of: dict[str, str] = {}  # backend -> credential, learnt on first send
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
+        # Called after a dispatch is recorded sent (its run row written in that transaction): reporting.
+        self.on_sent: Callable[[], None] | None = None
 
     @classmethod
     def from_settings(cls, settings, store: Store, github: DispatchSender, metrics: Metrics) -> "Dispatcher":
@@ -186,11 +186,14 @@ class Dispatcher:
                 self._pool.submit(self._send, row)
             if claimed:
                 continue  # more may be due for other backends
-            took = time.monotonic() - started
-            next_claim_at = started + max(_EMPTY_CLAIM_GAP_SECONDS, _EMPTY_CLAIM_GAP_FACTOR * took)
+            next_claim_at = started + _EMPTY_CLAIM_GAP_SECONDS
             self._wake.wait(self._idle_wait())
 
     def _idle_wait(self) -> float:
+        """After a claim found nothing: sleep until something can change that by itself (a retry or a
+        lease coming due, a credential's rest ending), or the poll. Rows already due but blocked (their
+        backend busy, their credential resting) need no polling: a finished send or a webhook wakes the
+        loop, and a rest's end is in the wait."""
         try:
             due_in = self.store.seconds_until_next_due()
         except StoreUnavailable:
@@ -226,6 +229,7 @@ class Dispatcher:
         )
         with self._lock:
             self._busy.update(row.backend for row in claimed)
+        self.metrics.claims.labels("rows" if claimed else "empty").inc()
         return claimed
 
     # --- one send -------------------------------------------------------------------------------
@@ -239,18 +243,20 @@ class Dispatcher:
                 self._busy.discard(row.backend)
             self._wake.set()
 
-    def _finish(self, row: ClaimedDispatch, **outcome) -> None:
+    def _finish(self, row: ClaimedDispatch, **outcome) -> bool:
+        """Record the outcome; True when it was written (this process still held the claim)."""
         try:
             kept = self.store.finish_dispatch(row.id, self.claimer, **outcome)
         except StoreUnavailable as exc:
             # The lease will run out and the row will be claimed again: at least once, never lost.
             log.error("could not record a dispatch outcome", extra={"dispatch": row.id, "error": str(exc)})
-            return
+            return False
         if not kept:
             log.warning(
                 "dispatch claim lost before its outcome was recorded (lease expired)",
                 extra={"dispatch": row.id, "delivery": row.delivery_id, "backend": row.backend},
             )
+        return kept
 
     def _backoff(self, attempts: int) -> float:
         ceiling = min(self.backoff_max, self.backoff_base * 2 ** max(attempts - 1, 0))
@@ -303,7 +309,8 @@ class Dispatcher:
         self.metrics.dispatch_delay.observe(max((utcnow() - row.created_at).total_seconds(), 0.0))
         self.metrics.sent.inc()
         log.info("dispatched", extra={**context, "seconds": round(elapsed, 4)})
-        self._finish(row, state=DispatchState.sent, attempted=True, last_status=result.status)
+        if self._finish(row, state=DispatchState.sent, attempted=True, last_status=result.status) and self.on_sent:
+            self.on_sent()
 
     def _pause(self, row: ClaimedDispatch, context: dict, exc: GitHubCallError, credential: str, started: float) -> None:
         """GitHub refused the credential (401): a verdict on the credential, not on the row. Every

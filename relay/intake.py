@@ -15,7 +15,9 @@ keeps (types, integer ranges, lengths, 40-hex shas). Answers:
     202 {"status": "queued", "dispatches": [...]}  stored; one outbox row per target backend
     202 {"status": "recorded", "reason": ...}      stored, nothing to send (e.g. a label no backend watches)
     202 {"status": "stored", ...}                  kept for the results side (issue_comment, check_run, check_suite)
-    200 {"status": "duplicate"}                    this X-GitHub-Delivery was already stored: nothing new
+    200 {"status": "duplicate"}                    this X-GitHub-Delivery, or this exact signed body under another
+                                                   delivery id (a replay: the signature does not cover the
+                                                   header), was already stored: nothing new
     200 {"status": "ignored", "reason": ...}       another repository, or an event/action the relay does not handle
     400 {"error": "invalid_payload"}              a field the relay keeps is missing or invalid (the detail names it),
                                                    or the trimmed body is over GitHub's limits
@@ -61,9 +63,9 @@ STORED_EVENTS = frozenset({"issue_comment", "check_run", "check_suite"})
 class WebhookRejected(Exception):
     """A refused webhook: HTTP status, a short error code and a sentence saying what to fix."""
 
-    def __init__(self, status: int, error: str, detail: str):
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None):
         super().__init__(detail)
-        self.status, self.error, self.detail = status, error, detail
+        self.status, self.error, self.detail, self.headers = status, error, detail, headers or {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +97,10 @@ async def verified_webhook(request: Request) -> Webhook:
     """The signature is checked before any other header or the body is looked at."""
     settings = request.app.state.settings
     try:
-        body = await read_capped(request, settings.max_body_bytes, "RELAY_MAX_BODY_BYTES")
+        body = await read_capped(request, settings.max_body_bytes, "RELAY_MAX_BODY_BYTES",
+                                 budget=request.app.state.body_budget, timeout=settings.body_read_timeout_seconds)
     except BodyRefused as refused:
-        raise WebhookRejected(refused.status, refused.code, refused.detail) from None
+        raise WebhookRejected(refused.status, refused.code, refused.detail, refused.headers) from None
     signature = request.headers.get(SIGNATURE_HEADER)
     if signature is None:
         raise WebhookRejected(401, "signature_missing", f"{SIGNATURE_HEADER} header is missing; configure a secret on the webhook")
@@ -199,6 +202,7 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
     delivery = NewDelivery(
         delivery_id=hook.delivery, event=hook.event, action=event.action, repository=event.repository,
         outcome="dispatched" if targets else outcome, summary=event.summary(), reason=reason, payload=raw,
+        body_sha256=hashlib.sha256(hook.body).hexdigest(),
     )
     store = state.store
     try:
@@ -221,7 +225,9 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         log.error("webhook refused by the store", extra={"event": hook.event, "delivery": hook.delivery, "error": str(exc)})
         return JSONResponse({"error": "store_refused", "detail": str(exc)}, status_code=422)
     if not fresh:
-        return _answer(request, hook, 200, "duplicate", reason="this delivery was already received; nothing new is dispatched")
+        return _answer(request, hook, 200, "duplicate",
+                       reason="this delivery, or the same signed body under another delivery id, was already received; "
+                              "nothing new is dispatched")
     if targets and state.dispatcher is not None:
         state.dispatcher.wake()
     fields: dict[str, Any] = {"dispatches": [t.name for t in targets]}
@@ -231,4 +237,4 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
 
 
 def rejection_handler(_request: Request, exc: WebhookRejected) -> JSONResponse:
-    return JSONResponse({"error": exc.error, "detail": exc.detail}, status_code=exc.status)
+    return JSONResponse({"error": exc.error, "detail": exc.detail}, status_code=exc.status, headers=exc.headers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hmac
 import json
 import logging
 import sys
@@ -108,6 +109,10 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600), registry=self.registry,
         )
         self.sent = Counter("relay_dispatches_sent", "dispatches delivered (204)", registry=self.registry)
+        self.claims = Counter(
+            "relay_dispatch_claims", "outbox claims by the dispatcher loop, by result (rows or empty)", ["result"],
+            registry=self.registry,
+        )
         self.retries = Counter("relay_dispatch_retries", "dispatches rescheduled, by reason", ["reason"], registry=self.registry)
         self.failures = Counter("relay_dispatch_failures", "dispatches given up, by reason", ["reason"], registry=self.registry)
         if store is not None:
@@ -115,6 +120,11 @@ class Metrics:
 
 
 router = APIRouter(tags=["observability"])
+
+
+def store_unavailable_handler(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+    """Any route (the dashboard's included) whose store call failed or ran past the deadline: 503, not 500."""
+    return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
 
 
 @router.get("/healthz")
@@ -139,7 +149,7 @@ def healthz(request: Request) -> JSONResponse:
 
 
 class QuarantinedEntry(BaseModel):
-    worker: str = Field(description="the pass that set the row aside: adoption, time_outs or re-runs")
+    worker: str = Field(description="the pass that set the row aside: run_rows (the run of a sent dispatch), time_outs or re-runs")
     subject: str = Field(description="the row, e.g. 'dispatch 17', 'run 5', 'delivery <id>'")
     error: str = Field(description="the error handling it raised")
     quarantined_at: dt.datetime
@@ -157,4 +167,13 @@ def quarantined(request: Request, limit: int = Query(100, ge=1, le=1000)) -> lis
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
+    """Prometheus metrics; with ``RELAY_METRICS_TOKEN`` set, only for ``Authorization: Bearer <token>``."""
+    token = request.app.state.settings.metrics_token
+    if token is not None:
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {token.get_secret_value()}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return JSONResponse({"error": "metrics_token", "detail": (
+                "/metrics needs 'Authorization: Bearer <token>' with the token set in RELAY_METRICS_TOKEN")},
+                status_code=401, headers={"WWW-Authenticate": "Bearer"})
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -149,11 +149,12 @@ class OidcVerifier:
     """OidcVerifier(issuer, audience, jwks): verifies an OIDC token and returns its claims."""
 
     def __init__(self, issuer: str, audience: str, jwks: JwksCache | None = None, *, leeway_seconds: float = 60.0,
-                 clock=time.time):
+                 max_lifetime_seconds: float = 3600.0, clock=time.time):
         self.issuer = issuer.rstrip("/")
         self.audience = audience
         self.jwks = jwks or JwksCache(issuer)
         self._leeway = leeway_seconds
+        self._max_lifetime = max_lifetime_seconds  # exp - iat; GitHub's tokens live minutes
         self._clock = clock
 
     def verify(self, token: str) -> dict[str, Any]:
@@ -195,8 +196,17 @@ class OidcVerifier:
         iat = claims.get("iat")
         if not isinstance(iat, (int, float)) or iat > self._clock() + self._leeway:
             raise AuthError(401, "token_not_yet_valid", "the OIDC token's iat is in the future")
+        lifetime = claims["exp"] - iat if isinstance(claims.get("exp"), (int, float)) else None
+        if lifetime is None or lifetime > self._max_lifetime:
+            raise AuthError(
+                401, "token_lifetime_too_long",
+                f"the OIDC token is valid for {lifetime} s from iat to exp; at most {self._max_lifetime:.0f} s is accepted",
+            )
         if not isinstance(claims.get("repository"), str):
             raise AuthError(401, "missing_claim", "the OIDC token lacks the 'repository' claim")
+        for name in ("repository_id", "repository_owner_id"):
+            if _int_claim(claims, name) is None:
+                raise AuthError(401, "missing_claim", f"the OIDC token lacks a numeric {name!r} claim")
         return claims
 
 
@@ -211,9 +221,12 @@ def _int_claim(claims: Mapping[str, Any], name: str) -> int | None:
 class CallerAuth:
     """CallerAuth(targets, verifier=None): turns an ``Authorization`` header into a :class:`Caller`."""
 
-    def __init__(self, targets: Iterable[BackendTarget], verifier: OidcVerifier | None = None):
+    def __init__(self, targets: Iterable[BackendTarget], verifier: OidcVerifier | None = None, *, identities=None):
         self.targets = tuple(targets)
         self.verifier = verifier
+        # identities.pin_oidc_identity(backend, repository_id, owner_id) -> pinned ids (the store); used
+        # for a backend whose relay section records no ids. None: ids are checked only where recorded.
+        self.identities = identities
         self._by_repository = {t.repository.lower(): t for t in self.targets}
 
     def authenticate(self, authorization: str | None) -> Caller:
@@ -241,6 +254,7 @@ class CallerAuth:
         if target is None:
             raise AuthError(403, "not_allowlisted", f"repository {repository!r} is not an allowlisted backend repository")
         self._check_level(target)
+        self._check_identity(target, claims)
         return Caller(
             target, "oidc",
             run_id=_int_claim(claims, "run_id"), run_attempt=_int_claim(claims, "run_attempt"),
@@ -257,6 +271,30 @@ class CallerAuth:
             raise AuthError(401, "bad_token", "the callback token matches no backend")
         self._check_level(found)
         return Caller(found, "token")
+
+    def _check_identity(self, target: BackendTarget, claims: Mapping[str, Any]) -> None:
+        """The token's numeric repository ids are the backend's (recorded, or pinned at its first
+        callback), and its workflow_ref is the one the relay section names, if it names one."""
+        given = (_int_claim(claims, "repository_id"), _int_claim(claims, "repository_owner_id"))
+        if target.repository_id is not None or target.repository_owner_id is not None:
+            expected, source = (target.repository_id, target.repository_owner_id), "recorded in its relay section"
+        elif self.identities is not None:
+            expected, source = self.identities.pin_oidc_identity(target.name, *given), "pinned at its first callback"
+        else:
+            expected, source = (None, None), ""
+        for name, want, got in zip(("repository_id", "repository_owner_id"), expected, given):
+            if want is not None and want != got:
+                raise AuthError(
+                    403, "repository_identity_mismatch",
+                    f"the OIDC token for {target.repository} carries {name} {got}, but backend {target.name!r} has "
+                    f"{want} ({source}): the repository name now belongs to another repository or owner",
+                )
+        if target.workflow_ref is not None and claims.get("workflow_ref") != target.workflow_ref:
+            raise AuthError(
+                403, "workflow_mismatch",
+                f"the OIDC token was issued to workflow {str(claims.get('workflow_ref'))[:300]!r}; backend "
+                f"{target.name!r} accepts callbacks only from {target.workflow_ref!r} (relay.workflow_ref)",
+            )
 
     @staticmethod
     def _check_level(target: BackendTarget) -> None:

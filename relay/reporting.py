@@ -1,10 +1,11 @@
 """Upstream reporting: a run's state as a check run or a commit status on the upstream PR, by trust level.
 
-Triggered after every accepted callback and every sweeper time-out (``submit(run_pk)``), and by a
-label watch that re-examines a PR whenever intake records a new label set for it. Reads the run,
-its failing tests, the PR's current labels and the last state reported; writes to GitHub only
-through :mod:`relay.github`, then records what it reported (per run and target) so a state already
-reported is never sent again.
+Finds its work through store rows (``Store.reports_pending``): every run whose state, or whose PR's
+labels at its head, changed after the last decision recorded for it. Woken after every accepted
+callback, sweeper time-out and dispatch that starts a run (``wake()``), and polls for what other
+processes changed. Reads the run, its failing tests and the PR's labels; writes to GitHub only
+through :mod:`relay.github`, then records what it decided (per run and target, with the versions it
+read), so a state already reported is never sent again and a state not yet reported is never lost.
 
 What appears upstream (``decide``) is the backend's level's row in :data:`relay.trust.LEVELS`:
 
@@ -34,17 +35,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import heapq
 import logging
-import queue
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError
 from relay.store.base import utcnow
+from relay.store.errors import StoreUnavailable
+from relay.store.reported_states import NOT_SHOWN, PendingReport
 from relay.store.runs import RunView
 from relay.store.per_test_results import FAILING_OUTCOMES, TestResultView
 from relay.trust import BackendTarget
@@ -214,26 +215,33 @@ class Reporter:
         return f"{self.dashboard_url}/runs/{run.id}"
 
     def report_run(self, run_pk: int) -> str:
-        """Bring one run's upstream state up to date. Returns what happened (for logs and tests):
-        ``not_shown``, ``unchanged``, ``reported``, ``failed_permanently``; raises retryable errors."""
+        """Bring one run's upstream state up to date (see :meth:`report`); reads the run and its PR."""
         run = self.store.run(run_pk)
-        if run is None or run.backend not in self.targets:
+        if run is None:
             return "not_shown"
-        labels = None
+        labels = labels_at = None
         if run.pr_number is not None:
             pr = self.store.pull_request(run.upstream_repository, run.pr_number)
-            labels = tuple(pr.labels) if pr is not None else ()
-        return self._report(run, labels)
+            labels, labels_at = (tuple(pr.labels), pr.recorded_at) if pr is not None else ((), None)
+        return self.report(PendingReport(run, labels, labels_at, self.store.reported_state(run.id, self.mode)))
 
-    def _report(self, run: RunView, labels: tuple[str, ...] | None) -> str:
-        """``report_run`` for a run already read, with its PR's labels (None for a push)."""
+    def report(self, pending: PendingReport) -> str:
+        """Decide one run from the versions read, write upstream if that changes what is shown there, and
+        record the decision with those versions (so the run leaves the pending list until it changes
+        again). Returns ``not_shown``, ``unchanged``, ``reported`` or ``failed_permanently``; raises
+        retryable GitHub errors with nothing recorded."""
+        run, previous = pending.run, pending.previous
         target = self.targets.get(run.backend)
-        decision = None if target is None else decide(run, target, labels)
-        if decision is None:
-            return "not_shown"
-        previous = self.store.reported_state(run.id, self.mode)
-        if previous is not None and previous.state == decision.key:
-            return "unchanged"
+        decision = None if target is None else decide(run, target, pending.labels)
+        versions = {"run_updated_at": run.updated_at, "labels_recorded_at": pending.labels_recorded_at}
+        if decision is None or (previous is not None and previous.state == decision.key):
+            # Nothing new to show: keep what is upstream (a check is never taken back), note the versions.
+            outcome = "not_shown" if decision is None else "unchanged"
+            if previous is None or (previous.run_updated_at, previous.labels_recorded_at) != tuple(versions.values()):
+                self.store.record_reported_state(
+                    run.id, self.mode, previous.state if previous else NOT_SHOWN,
+                    last_error=previous.last_error if previous else None, **versions)
+            return outcome
         failures = []
         if decision.final:
             failures = self.store.test_results([run.id], FAILING_OUTCOMES)
@@ -242,9 +250,9 @@ class Reporter:
         except PermanentError as exc:
             log.warning("permanent GitHub error while reporting; not retried", extra={
                 "run": run.id, "backend": run.backend, "error": exc.message})
-            self.store.record_reported_state(run.id, self.mode, decision.key, last_error=exc.message[:2000])
+            self.store.record_reported_state(run.id, self.mode, decision.key, last_error=exc.message[:2000], **versions)
             return "failed_permanently"
-        self.store.record_reported_state(run.id, self.mode, decision.key, external_id=external_id)
+        self.store.record_reported_state(run.id, self.mode, decision.key, external_id=external_id, **versions)
         log.info("reported upstream", extra={"run": run.id, "backend": run.backend, "state": decision.key,
                                              "mode": self.mode})
         return "reported"
@@ -274,37 +282,38 @@ class Reporter:
         self.github.update_check_run(run.upstream_repository, check_run_id, **fields)
         return check_run_id
 
-    def reconcile_pull_request(self, repository: str, number: int) -> dict[int, str]:
-        """Re-decide every run of the PR's current head (label added or removed)."""
-        pr = self.store.pull_request(repository, number)
-        if pr is None:
-            return {}
-        runs = self.store.runs(upstream_repository=repository, pr_number=number, head_sha=pr.head_sha, newest_first=False)
-        return {run.id: self._report(run, tuple(pr.labels)) for run in runs}
-
 
 class ReportingWorker:
-    """One thread that reports submitted runs in order and watches PR label changes.
+    """One thread that reports what the store says is pending (``Store.reports_pending``): runs whose
+    state, or whose PR's labels at its head, changed after reporting last decided them.
 
-    ``submit`` only enqueues (callbacks answer without waiting for GitHub). Retryable GitHub errors
-    put the run back after the wait GitHub asked for (capped): the worker keeps such runs in a heap by
-    due time and sleeps on its queue until the earliest is due, a new run arrives or the next label
-    watch. Every ``label_poll_seconds`` the worker reads the PRs whose labels intake recorded since its
-    last look and reconciles them.
+    ``wake()`` makes it look now (a callback, a time-out, a dispatch that started a run); it also looks
+    every ``poll_seconds``, which picks up what other relay processes changed. The work list is those
+    rows, so a restart or a crash loses nothing: whatever was not reported is still pending. The only
+    memory is when to retry: a run whose write failed with a retryable GitHub error is left out until
+    its retry is due, and a rate limit rests every report until GitHub's wait (each capped at
+    ``max_retry_wait``).
     """
 
-    def __init__(self, reporter: Reporter, *, label_poll_seconds: float = 5.0, max_retry_wait: float = 60.0,
-                 lookback_seconds: float = 3600.0):
+    def __init__(self, reporter: Reporter, *, poll_seconds: float = 5.0, retry_seconds: float = 5.0,
+                 max_retry_wait: float = 60.0, window_seconds: float = 7 * 86400.0, batch: int = 200,
+                 clock: Callable[[], float] = time.monotonic):
         self.reporter = reporter
-        self._queue: queue.Queue[tuple[float, int] | None] = queue.Queue()
-        self._delayed: list[tuple[float, int]] = []  # heap of (due, run_pk); only the worker thread touches it
-        self._poll = label_poll_seconds
+        self._poll = poll_seconds
+        self._retry_seconds = retry_seconds  # after a 5xx or a network error
         self._max_wait = max_retry_wait
-        self._watermark = utcnow() - dt.timedelta(seconds=lookback_seconds)
+        self._window = dt.timedelta(seconds=window_seconds)
+        self._batch = batch
+        self._clock = clock
+        self._retry_at: dict[int, float] = {}  # run pk -> when to try again; only the worker thread touches it
+        self._resting_until = 0.0
+        self._more = False  # the last pass filled its batch
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._pending = 0  # submitted and not yet handled (retries included), guarded by _settled
-        self._settled = threading.Condition()
+        self._wake = threading.Event()
+        self._passes = threading.Condition()  # guards the pass counters below
+        self._started = self._finished = 0
+        self._idle = False  # the last finished pass left nothing pending
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="relay-reporting", daemon=True)
@@ -312,69 +321,76 @@ class ReportingWorker:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        self._queue.put(None)
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, run_pk: int, not_before: float = 0.0) -> None:
-        with self._settled:
-            self._pending += 1
-        self._queue.put((not_before, run_pk))
+    def wake(self) -> None:
+        """Look for pending reports now."""
+        self._wake.set()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
-        """For tests and shutdown: True once every submitted run was handled."""
-        with self._settled:
-            return self._settled.wait_for(lambda: self._pending == 0, timeout)
+        """For tests and shutdown: True once a pass that started after this call left nothing pending."""
+        with self._passes:
+            after = self._started
+        self.wake()
+        with self._passes:
+            return self._passes.wait_for(lambda: self._finished > after and self._idle, timeout)
 
-    def watch_labels_once(self) -> int:
-        changed = self.reporter.store.pull_requests_changed_since(self._watermark)
-        for repository, number, recorded_at in changed:
-            self._watermark = max(self._watermark, recorded_at)
-            for run_pk, outcome in self.reporter.reconcile_pull_request(repository, number).items():
-                if outcome == "reported":
-                    log.info("label change reported", extra={"run": run_pk, "pr": number})
-        return len(changed)
+    def report_pending_once(self) -> int:
+        """One pass over the pending runs; returns how many are still pending after it."""
+        now = self._clock()
+        if now < self._resting_until:
+            return len(self._retry_at) + 1
+        for run_pk in [pk for pk, at in self._retry_at.items() if at <= now]:
+            del self._retry_at[run_pk]
+        store = self.reporter.store
+        rows = store.reports_pending(self.reporter.mode, since=utcnow() - self._window, limit=self._batch,
+                                     skip=tuple(self._retry_at))
+        self._more = len(rows) >= self._batch
+        for index, row in enumerate(rows):
+            if self._stop.is_set():
+                return len(rows) - index + len(self._retry_at)
+            try:
+                self.reporter.report(row)
+            except RateLimitedError as exc:
+                log.warning("reporting rate limited; resting", extra={"run": row.run.id, "error": exc.message,
+                                                                       "wait": exc.wait_seconds})
+                self._resting_until = self._clock() + min(exc.wait_seconds, self._max_wait)
+                return len(rows) - index + len(self._retry_at)
+            except GitHubCallError as exc:
+                self._retry(row.run.id, self._retry_seconds, exc.message)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # one bad run must not stop the others; it is tried again later
+                log.exception("reporting run %s failed", row.run.id)
+                self._retry(row.run.id, self._max_wait, f"{type(exc).__name__}: {exc}")
+        return len(self._retry_at) + (1 if self._more else 0)
+
+    def _retry(self, run_pk: int, wait: float, message: str) -> None:
+        log.warning("reporting will retry", extra={"run": run_pk, "error": message, "wait": wait})
+        self._retry_at[run_pk] = self._clock() + min(wait, self._max_wait)
+
+    def _next_wait(self) -> float:
+        if self._more:
+            return 0.0
+        now = self._clock()
+        due = [self._resting_until, *self._retry_at.values()]
+        soonest = min((at for at in due if at > now), default=now + self._poll)
+        return max(0.0, min(self._poll, soonest - now))
 
     def _loop(self) -> None:
-        next_watch = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
-            if now >= next_watch:
-                try:
-                    self.watch_labels_once()
-                except Exception:
-                    log.exception("label watch failed")
-                next_watch = now + self._poll
-            while self._delayed and self._delayed[0][0] <= time.monotonic():
-                self._handle(heapq.heappop(self._delayed)[1])
-            wake_at = min(next_watch, self._delayed[0][0]) if self._delayed else next_watch
+            self._wake.clear()
+            with self._passes:
+                self._started += 1
+                number = self._started
             try:
-                item = self._queue.get(timeout=max(0.0, wake_at - time.monotonic()))
-            except queue.Empty:
-                continue
-            if item is None:
-                continue
-            if item[0] > time.monotonic():
-                heapq.heappush(self._delayed, item)
-            else:
-                self._handle(item[1])
-
-    def _handle(self, run_pk: int) -> None:
-        try:
-            self.reporter.report_run(run_pk)
-        except RateLimitedError as exc:
-            self._retry(run_pk, exc.wait_seconds, exc)
-            return
-        except GitHubCallError as exc:
-            self._retry(run_pk, 5.0, exc)
-            return
-        except Exception:
-            log.exception("reporting run %s failed", run_pk)
-        with self._settled:
-            self._pending -= 1
-            if self._pending == 0:
-                self._settled.notify_all()
-
-    def _retry(self, run_pk: int, wait: float, exc: GitHubCallError) -> None:
-        log.warning("reporting will retry", extra={"run": run_pk, "error": exc.message, "wait": wait})
-        heapq.heappush(self._delayed, (time.monotonic() + min(wait, self._max_wait), run_pk))
+                still_pending = self.report_pending_once()
+            except Exception:
+                log.exception("reporting pass failed; next pass in %.1f s", self._poll)
+                still_pending = -1
+            with self._passes:
+                self._finished, self._idle = number, still_pending == 0
+                self._passes.notify_all()
+            self._wake.wait(self._next_wait())

@@ -2,25 +2,63 @@
 
 A declared ``Content-Length`` over the cap is refused before anything is read; a body that grows past
 the cap while streaming is refused as soon as it does, so an oversized upload never sits in memory.
+Bodies read before authentication share a byte budget (:class:`BodyBudget`, 503 when full), and every
+body has a deadline to arrive (408), so slow or stalled uploads cannot pile up.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 
-__all__ = ["BodyRefused", "read_capped"]
+__all__ = ["BodyBudget", "BodyRefused", "read_capped"]
 
 
 class BodyRefused(Exception):
-    """The body cannot be accepted: ``status`` 400 or 413, a stable ``code`` and a ``detail`` for people."""
+    """The body cannot be accepted: ``status`` 400, 408, 413 or 503, a stable ``code``, a ``detail`` for people."""
 
-    def __init__(self, status: int, code: str, detail: str):
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None):
         super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
 
 
-async def read_capped(request: Request, limit: int, setting: str) -> bytes:
-    """read_capped(request, limit, setting) -> body; ``setting`` names the knob that sets ``limit``."""
+class BodyBudget:
+    """Bytes of request bodies being read before their sender is authenticated, across all requests.
+
+    A webhook's body must be read whole before its HMAC can be checked, so without a bound anyone
+    could hold memory with unsigned uploads. Each read reserves its declared ``Content-Length`` (or
+    its bytes as they arrive) and is refused with 503 when the reservation does not fit; it is given
+    back when the read ends. Used from the event loop only, so no lock.
+    """
+
+    def __init__(self, limit_bytes: int, setting: str = "RELAY_UNAUTHENTICATED_BODY_BUDGET_BYTES"):
+        self.limit = limit_bytes
+        self.used = 0
+        self.setting = setting
+
+    def reserve(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise BodyRefused(
+                503, "busy",
+                f"{self.used} bytes of unauthenticated request bodies are being read; {size} more would exceed "
+                f"{self.limit} ({self.setting}); retry shortly",
+                headers={"Retry-After": "5"},
+            )
+        self.used += size
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
+async def read_capped(request: Request, limit: int, setting: str, *, budget: BodyBudget | None = None,
+                      timeout: float | None = None) -> bytes:
+    """read_capped(request, limit, setting, budget=, timeout=) -> body; ``setting`` names the knob that sets ``limit``.
+
+    ``budget``: the shared reservation for bodies read before authentication (503 when full);
+    ``timeout``: seconds the whole body may take to arrive (408 after), so a half-sent request does
+    not hold its connection and reservation forever.
+    """
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -28,10 +66,29 @@ async def read_capped(request: Request, limit: int, setting: str) -> bytes:
         if int(declared) > limit:
             raise BodyRefused(413, "payload_too_large",
                               f"body of {declared} bytes exceeds the limit of {limit} bytes ({setting})")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyRefused(413, "payload_too_large", f"body exceeds the limit of {limit} bytes ({setting})")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    reserved = 0
+
+    async def stream() -> bytes:
+        nonlocal reserved
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyRefused(413, "payload_too_large", f"body exceeds the limit of {limit} bytes ({setting})")
+            if budget is not None and size > reserved:
+                budget.reserve(size - reserved)
+                reserved = size
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        if budget is not None and declared is not None:
+            budget.reserve(int(declared))
+            reserved = int(declared)
+        return await asyncio.wait_for(stream(), timeout)
+    except asyncio.TimeoutError:
+        raise BodyRefused(408, "body_timeout",
+                          f"the body did not arrive within {timeout} s (RELAY_BODY_READ_TIMEOUT_SECONDS)") from None
+    finally:
+        if budget is not None:
+            budget.release(reserved)

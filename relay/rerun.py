@@ -17,17 +17,15 @@ the dispatcher then sends like any other.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import logging
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from relay.periodic import PeriodicThread
 from relay.store import NewDispatch, StoreUnavailable
-from relay.store.base import utcnow
 from relay.store.deliveries import DeliveryView
 from relay.store.rerun_requests import RERUNS
 from relay.store.runs import RunView
@@ -118,7 +116,8 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
         head_sha = str(suite.get("head_sha") or "")
         runs = _latest_per_backend(store.runs(upstream_repository=upstream, head_sha=head_sha))
         # The suite holds only the check runs the relay reported: re-run those backends, not every one.
-        checked = {s.run_pk for s in store.reported_states([r.id for r in runs]) if s.target == "check_run"}
+        checked = {s.run_pk for s in store.reported_states([r.id for r in runs])
+                   if s.target == "check_run" and s.external_id is not None}
         runs = [r for r in runs if r.id in checked]
         if not runs:
             return RerunDecision(reason=f"none of the relay's check runs is on {head_sha[:12]}")
@@ -156,28 +155,18 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
 class RerunWatcher:
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
-    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, app_id: str | None = None, poll_seconds: float = 2.0,
-                 adopt_window_seconds: float = 7 * 86400.0, on_dispatched=None, on_run_changed=None):
+    def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, app_id: str | None = None,
+                 poll_seconds: float = 2.0, on_dispatched: Callable[[], None] | None = None):
         self.store = store
         self.backends = dict(backends)
         self.upstream = upstream
         self.app_id = app_id  # the relay's GitHub App: only its check runs and suites are re-run
         self.poll_seconds = poll_seconds
-        self.adopt_window = dt.timedelta(seconds=adopt_window_seconds)
-        self.on_dispatched = on_dispatched  # e.g. the dispatcher's wake()
-        self.on_run_changed = on_run_changed  # reporting, as for the sweeper's adoptions
+        self.on_dispatched = on_dispatched  # the dispatcher's wake()
         self._periodic = PeriodicThread("relay-reruns", poll_seconds, self.poll_once)
 
-    def adopt(self) -> None:
-        """Give dispatches sent moments ago their run records, so a request can repeat them; the runs
-        this creates or cancels go to reporting, as when the sweeper adopts them."""
-        adopted, cancelled = self.store.adopt_dispatches(since=utcnow() - self.adopt_window)
-        if self.on_run_changed is not None:
-            for run_pk in adopted + cancelled:
-                self.on_run_changed(run_pk)
-
     def handle(self, delivery: DeliveryView) -> tuple[str, str | None, list[str]]:
-        """Act on one stored request (after ``adopt``): dispatch again, or record why not."""
+        """Act on one stored request: dispatch again, or record why not."""
         try:
             payload = json.loads(delivery.payload or "{}")
         except json.JSONDecodeError:
@@ -208,8 +197,6 @@ class RerunWatcher:
 
     def poll_once(self) -> int:
         pending = self.store.unhandled_rerun_requests()
-        if pending:
-            self.adopt()  # once for the batch: the requests' own new dispatches are not sent yet
         for delivery in pending:
             try:
                 self.handle(delivery)

@@ -1,7 +1,7 @@
 """The run state machine: what a downstream run may do next, and the refusal when it may not.
 
 Triggered by the callback handler (``in_progress``, ``completed``), the sweeper (time-outs) and the
-adoption of a ``pull_request.closed`` dispatch (cancellation); the store applies the decision inside
+dispatcher marking a ``pull_request.closed`` dispatch sent (cancellation); the store applies the decision inside
 the transaction that locks the run. Reads and writes nothing itself: it is pure, so every transition
 and every refusal can be tested without a database.
 

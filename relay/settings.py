@@ -94,6 +94,17 @@ class Settings(BaseSettings):
     )
     upstream_repo: str = Field("pytorch/pytorch", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
     max_body_bytes: int = Field(25 * 1024 * 1024, gt=0, description="webhooks larger than this get 413")
+    unauthenticated_body_budget_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="webhook bytes read at once before their signature is checked; beyond: 503",
+    )
+    body_read_timeout_seconds: float = Field(30.0, gt=0, description="a request body must arrive within this (408)")
+    http_max_connections: int = Field(
+        512, ge=1, description="relay serve: connections and requests at once (uvicorn limit_concurrency; beyond: 503)",
+    )
+    http_keep_alive_seconds: float = Field(5.0, gt=0, description="relay serve: idle keep-alive connections close after this")
+    http_header_timeout_seconds: float = Field(
+        10.0, gt=0, description="relay serve: a connection whose request headers take longer is closed",
+    )
     backends_dir: Path | None = Field(None, description="folder of backend descriptors (the allowlist)")
 
     # --- GitHub
@@ -131,6 +142,9 @@ class Settings(BaseSettings):
     oidc_issuer: str = Field("https://token.actions.githubusercontent.com", description="OIDC issuer of callback tokens")
     oidc_audience: str | None = Field(None, description="audience callback OIDC tokens must carry; unset: OIDC off")
     oidc_jwks_url: str | None = Field(None, description="JWKS URL; default from the issuer's openid-configuration")
+    oidc_max_token_lifetime_seconds: float = Field(
+        3600.0, gt=0, description="OIDC tokens valid longer than this (exp - iat) are refused",
+    )
     callback_max_bytes: int = Field(8 * 1024 * 1024, gt=0, description="callbacks larger than this get 413")
     callback_max_tests: int = Field(20_000, gt=0, description="reports with more tests than this get 413")
     callback_max_message_chars: int = Field(
@@ -140,7 +154,7 @@ class Settings(BaseSettings):
     callback_rate_burst: int = Field(60, ge=1)
     dashboard_url: str = Field("http://127.0.0.1:8000", description="public base URL of the dashboard (details links)")
     reporting_enabled: bool = True
-    label_poll_seconds: float = Field(5.0, gt=0)
+    reporting_poll_seconds: float = Field(5.0, gt=0, description="how often reporting looks for runs and labels changed by other processes")
     sweeper_enabled: bool = True
     sweep_interval_seconds: float = Field(60.0, gt=0)
     run_start_timeout_seconds: float = Field(6 * 3600.0, gt=0, description="dispatched but never started -> timed_out")
@@ -151,6 +165,11 @@ class Settings(BaseSettings):
     level_l3_success_rate: float = Field(0.90, ge=0, le=1)
     level_max_time_to_result_seconds: float = Field(3 * 3600.0, gt=0)
     level_min_runs: int = Field(5, ge=1)
+
+    # --- observability
+    metrics_token: SecretStr | None = Field(
+        None, description="if set, GET /metrics needs 'Authorization: Bearer <token>'; unset: /metrics is open",
+    )
 
     # --- logs
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

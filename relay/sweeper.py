@@ -1,12 +1,12 @@
 """The sweeper: a periodic pass that keeps the run records honest when callbacks never come.
 
 Triggered every ``RELAY_SWEEP_INTERVAL_SECONDS`` by its own thread (started with the app), or once
-by ``sweep_once()``. Reads dispatches and runs; writes runs (through :mod:`relay.store`) and hands every
-run it changed to reporting, so an upstream check stuck at "in progress" gets its final state.
+by ``sweep_once()``. Reads runs and dispatches; writes runs and expired nonces (through
+:mod:`relay.store`) and wakes reporting, which finds the runs it changed by their rows, so an upstream
+check stuck at "in progress" gets its final state. (Run rows are created by the dispatcher, in the
+transaction that marks a dispatch sent.)
 Each action has a named reason, logged and counted (``relay_sweeper_actions_total{reason}``):
 
-* ``adopted``: a sent dispatch that starts a run gets its ``dispatched`` run record;
-* ``pull_request_closed``: a dispatched ``closed`` event cancels that PR's open runs of the backend;
 * ``never_started``: dispatched, but no ``in_progress`` within ``RELAY_RUN_START_TIMEOUT_SECONDS``
   -> ``timed_out``;
 * ``ran_too_long``: ``in_progress`` for longer than ``RELAY_RUN_TIMEOUT_SECONDS`` (default 3 days)
@@ -31,7 +31,7 @@ __all__ = ["REASONS", "SweepFailed", "Sweeper"]
 
 log = logging.getLogger("relay.sweeper")
 
-REASONS = ("adopted", "pull_request_closed", "never_started", "ran_too_long", "nonce_expired")
+REASONS = ("never_started", "ran_too_long", "nonce_expired")
 
 
 class SweepFailed(RuntimeError):
@@ -63,8 +63,8 @@ class Sweeper:
     def sweep_once(self) -> dict[str, int]:
         """One pass; returns the count of each reason (every reason present, zeros included).
 
-        Each step runs even when an earlier one failed (time-outs and nonce expiry never wait on
-        adoption); rows a step cannot handle are quarantined by the store. A step that still raised
+        Each step runs even when an earlier one failed (nonce expiry never waits on time-outs); rows a
+        step cannot handle are quarantined by the store. A step that still raised
         makes the pass raise :class:`SweepFailed` at its end, so the worker counts as failing.
         """
         now = self.clock()
@@ -79,11 +79,6 @@ class Sweeper:
                 log.exception("sweep step failed", extra={"step": name})
                 failed.append(f"{name}: {type(exc).__name__}: {exc}")
 
-        def adopt() -> None:
-            adopted, cancelled = self.store.adopt_dispatches(since=now - self.nonce_ttl)
-            counts["adopted"], counts["pull_request_closed"] = len(adopted), len(cancelled)
-            changed.extend(adopted + cancelled)
-
         def time_out() -> None:
             for run, reason in self.store.time_out_runs(
                 unstarted_before=now - self.start_timeout, running_before=now - self.run_timeout,
@@ -96,7 +91,6 @@ class Sweeper:
         def expire() -> None:
             counts["nonce_expired"] = self.store.expire_nonces(sent_before=now - self.nonce_ttl)
 
-        step("adoption", adopt)
         step("time-outs", time_out)
         step("nonce expiry", expire)
         for reason, count in counts.items():

@@ -7,6 +7,13 @@ the dashboard (``on_dashboard``) and the level review (``switches``, ``lower``, 
 nothing. No other module compares levels: change a row of :data:`LEVELS` and every one of those
 answers changes with it.
 
+What a backend must show to hold a level, and to be promoted into it, is data too:
+:data:`LEVEL_CRITERIA` (one :class:`LevelCriteria` per level, each criterion a measure, a bar and a
+window). The defaults for L3 are the criteria ratified upstream: average queue under 30 min,
+end-to-end p50 under 3 h and a time-out rate under 1 % over 7 days, under 1 % of runs over 3 h over
+14 days, entered after at least 30 days at L2 with 14 days of data. ``relay.level_review`` measures
+runs against them.
+
 The four switches and the L1-L4 presets follow PyTorch's RFC-0050 relay, so an allowlist written for
 it reads the same here:
 
@@ -28,6 +35,7 @@ its ref has no commit to test and goes nowhere; a repository that is not in the 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -38,11 +46,17 @@ from relay.events import UpstreamEvent
 
 __all__ = [
     "LEVELS",
+    "LEVEL_CRITERIA",
+    "Criterion",
+    "LevelCriteria",
+    "Measure",
     "PR_ACTIONS",
     "BackendTarget",
+    "Comparison",
     "DisplayOnPR",
     "Switches",
     "TrustLevel",
+    "criteria",
     "higher",
     "load_allowlist",
     "lower",
@@ -77,6 +91,92 @@ LEVELS: dict[TrustLevel, Switches] = {
     TrustLevel.L3: Switches(forward_event=True, display_on_hud=True, display_on_pr=DisplayOnPR.label_only, block_pr=False),
     TrustLevel.L4: Switches(forward_event=True, display_on_hud=True, display_on_pr=DisplayOnPR.always, block_pr=True),
 }
+
+class Measure(str, enum.Enum):
+    """What the level review measures over a criterion's window (cancelled and superseded runs never
+    count; a run that tested another torch than the dispatched commit is not a success)."""
+
+    runs = "runs"                                    # finished runs counted
+    days_of_data = "days_of_data"                    # days from the oldest counted run to now
+    days_at_level = "days_at_level"                  # days since the descriptor's relay.level_since
+    success_rate = "success_rate"                    # successes / counted runs
+    queue_mean_seconds = "queue_mean_seconds"        # dispatch -> start, mean
+    queue_p90_seconds = "queue_p90_seconds"
+    end_to_end_p50_seconds = "end_to_end_p50_seconds"  # dispatch -> finish
+    end_to_end_p90_seconds = "end_to_end_p90_seconds"
+    time_out_rate = "time_out_rate"                  # timed-out runs / counted runs
+    over_time_limit_rate = "over_time_limit_rate"    # runs over the level's time limit (time-outs too) / counted
+
+
+class Comparison(str, enum.Enum):
+    above = "above"        # value > bar
+    below = "below"        # value < bar
+    at_least = "at_least"  # value >= bar
+
+
+@dataclasses.dataclass(frozen=True)
+class Criterion:
+    measure: Measure
+    comparison: Comparison
+    bar: float
+    window_days: int = 7
+
+    def met(self, value: float | None) -> bool | None:
+        """True/False against the bar; None when there is nothing to measure (no runs, no date)."""
+        if value is None:
+            return None
+        if self.comparison is Comparison.above:
+            return value > self.bar
+        if self.comparison is Comparison.below:
+            return value < self.bar
+        return value >= self.bar
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelCriteria:
+    """``hold``: what a backend at this level must keep meeting (failing one recommends demotion,
+    except a ``runs`` criterion, which means too little data to judge). ``entry``: what it must also
+    show to be promoted into this level from the one below (time at that level, days of data)."""
+
+    hold: tuple[Criterion, ...] = ()
+    entry: tuple[Criterion, ...] = ()
+    time_limit_seconds: float = 3 * 3600.0  # what ``over_time_limit_rate`` counts against
+
+    @property
+    def window_days(self) -> int:
+        return max((c.window_days for c in (*self.hold, *self.entry)), default=7)
+
+
+_MIN = 60.0
+_HOUR = 3600.0
+_SHOWN_ON_PR = (
+    Criterion(Measure.runs, Comparison.at_least, 5),
+    Criterion(Measure.success_rate, Comparison.above, 0.90),
+    Criterion(Measure.queue_mean_seconds, Comparison.below, 30 * _MIN),
+    Criterion(Measure.end_to_end_p50_seconds, Comparison.below, 3 * _HOUR),
+    Criterion(Measure.time_out_rate, Comparison.below, 0.01),
+    Criterion(Measure.over_time_limit_rate, Comparison.below, 0.01, window_days=14),
+)
+_ENTRY_AFTER_A_MONTH = (
+    Criterion(Measure.days_at_level, Comparison.at_least, 30),
+    Criterion(Measure.days_of_data, Comparison.at_least, 14, window_days=30),
+)
+
+LEVEL_CRITERIA: dict[TrustLevel, LevelCriteria] = {
+    TrustLevel.L1: LevelCriteria(),  # sends no results back: nothing to measure
+    TrustLevel.L2: LevelCriteria(hold=(
+        Criterion(Measure.runs, Comparison.at_least, 5),
+        Criterion(Measure.success_rate, Comparison.above, 0.70),
+    )),
+    TrustLevel.L3: LevelCriteria(hold=_SHOWN_ON_PR, entry=_ENTRY_AFTER_A_MONTH),
+    TrustLevel.L4: LevelCriteria(hold=_SHOWN_ON_PR, entry=_ENTRY_AFTER_A_MONTH),
+}
+
+
+def criteria(level: TrustLevel) -> LevelCriteria:
+    """The criteria of ``level``, read at each question (like :func:`switches`)."""
+    return LEVEL_CRITERIA[level]
+
 
 # pull_request actions that start, restart or cancel downstream runs.
 _FORWARDED_PR_ACTIONS = frozenset({"opened", "reopened", "synchronize", "closed"})
@@ -117,7 +217,13 @@ class BackendTarget:
     repository: str
     level: TrustLevel
     label: str
+    level_since: dt.date | None = None
     callback_token_sha256: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The repository's numeric identity for OIDC callbacks (None: pinned at the first callback), and
+    # the workflow its callbacks must come from (None: any).
+    repository_id: int | None = None
+    repository_owner_id: int | None = None
+    workflow_ref: str | None = None
 
     @property
     def switches(self) -> Switches:
@@ -155,7 +261,10 @@ class BackendTarget:
         assert descriptor.relay is not None and descriptor.relay_label is not None
         return cls(
             name=descriptor.name, repository=descriptor.relay.repository, level=descriptor.relay.level,
-            label=descriptor.relay_label, callback_token_sha256=descriptor.relay.callback_token_sha256,
+            label=descriptor.relay_label, level_since=descriptor.relay.level_since,
+            callback_token_sha256=descriptor.relay.callback_token_sha256,
+            repository_id=descriptor.relay.repository_id, repository_owner_id=descriptor.relay.repository_owner_id,
+            workflow_ref=descriptor.relay.workflow_ref,
         )
 
 

@@ -2,9 +2,9 @@
 
 Triggered by :func:`relay.app.create_app` (``build``) and the app's lifespan (``start``/``stop``).
 Reads the settings and the backend descriptors (callback tokens, levels, labels); writes nothing
-itself. The parts talk through store rows (Prow style): callbacks and the sweeper change runs and
-hand their ids to the reporting worker; the re-run watcher writes outbox rows and wakes the
-dispatcher.
+itself. The parts talk through store rows (Prow style): the dispatcher creates runs, callbacks and the
+sweeper change them, and each only wakes the reporting worker, which finds what to report by query;
+the re-run watcher writes outbox rows and wakes the dispatcher.
 """
 
 from __future__ import annotations
@@ -47,19 +47,21 @@ class ResultsSide:
         """One sentence per background worker whose passes keep failing (``/healthz``)."""
         return [p for p in (part.problem() for part in (self.sweeper, self.reruns) if part is not None) if p]
 
-    def run_changed(self, run_pk: int) -> None:
+    def run_changed(self, _run_pk: int | None = None) -> None:
+        """A run row changed: reporting looks now (it reads what changed from the store)."""
         if self.reporting is not None:
-            self.reporting.submit(run_pk)
+            self.reporting.wake()
 
 
 def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metrics, dispatcher=None) -> ResultsSide:
     verifier = None
     if settings.oidc_audience:
         jwks = JwksCache(settings.oidc_issuer, jwks_url=settings.oidc_jwks_url, timeout=settings.github_timeout_seconds)
-        verifier = OidcVerifier(settings.oidc_issuer, settings.oidc_audience, jwks)
+        verifier = OidcVerifier(settings.oidc_issuer, settings.oidc_audience, jwks,
+                                max_lifetime_seconds=settings.oidc_max_token_lifetime_seconds)
     else:
         log.warning("RELAY_OIDC_AUDIENCE is unset: OIDC callbacks are refused; only static callback tokens work")
-    auth = CallerAuth(allowlist, verifier)
+    auth = CallerAuth(allowlist, verifier, identities=store)
     limiter = RateLimiter(settings.callback_rate_per_minute, settings.callback_rate_burst)
     limits = ReportLimits(max_tests=settings.callback_max_tests, max_message_chars=settings.callback_max_message_chars)
     callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes,
@@ -68,7 +70,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
     if settings.reporting_enabled:
         reporter = Reporter(store, github, {t.name: t for t in allowlist}, mode=CHECK_RUN if settings.uses_github_app else STATUS,
                             dashboard_url=settings.dashboard_url)
-        reporting = ReportingWorker(reporter, label_poll_seconds=settings.label_poll_seconds)
+        reporting = ReportingWorker(reporter, poll_seconds=settings.reporting_poll_seconds,
+                                    window_seconds=settings.nonce_ttl_hours * 3600)
     side = ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=None, reruns=None)  # type: ignore[arg-type]
     callbacks.on_run_changed = side.run_changed
     if settings.sweeper_enabled:
@@ -80,8 +83,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
         )
     side.reruns = RerunWatcher(
         store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, app_id=settings.github_app_id,
-        poll_seconds=settings.rerun_poll_seconds,
-        adopt_window_seconds=settings.nonce_ttl_hours * 3600,
-        on_dispatched=dispatcher.wake if dispatcher is not None else None, on_run_changed=side.run_changed,
+        poll_seconds=settings.rerun_poll_seconds, on_dispatched=dispatcher.wake if dispatcher is not None else None,
     )
+    if dispatcher is not None:
+        dispatcher.on_sent = side.run_changed
     return side

@@ -15,11 +15,10 @@ the DTensor, the default) or ``"package.module:ATTRIBUTE"``, a function ``(dtens
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from conformance.suites._dtensor_mesh import disagreement, error_record, run_cases
+from conformance.suites._dtensor_mesh import disagreement, error_record, resolve_injected, run_cases
 
 __all__ = ["Case", "cases", "case_key", "evaluate_matrix", "verdict", "MESHES", "COMPILED_CASES", "evaluate_compiled",
            "compiled_verdict"]
@@ -157,12 +156,7 @@ def default_handler(dtensor, op: str, dim, keepdim: bool):
 
 
 def resolve_handler(name: str) -> Callable:
-    if name == "dtensor":
-        return default_handler
-    module, sep, attr = name.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"argmax/argmin handler {name!r}: expected 'dtensor' or 'package.module:ATTRIBUTE'")
-    return getattr(importlib.import_module(module), attr)
+    return resolve_injected(name, default_handler, "argmax/argmin handler")
 
 
 def case_key(case: Case) -> str:

@@ -243,7 +243,7 @@ ASYNC_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gat
 
 
 def _async_call(dist, ctx, name: str, salt: str):
-    """Start ``name`` with async_op=True: (work, the tensors it fills, what they must hold by rank)."""
+    """Start ``name`` with async_op=True: (work, the tensors it fills on this rank)."""
     import torch
 
     world, rank, device = ctx.world_size, ctx.rank, ctx.device

@@ -49,6 +49,19 @@ def reduce_cases() -> list[tuple[str, str]]:
     return [(op, dtype) for op in ARITHMETIC_OPS + BITWISE_OPS for dtype in op_dtypes(op)]
 
 
+# One dtype per family: with every op, they cover the arithmetic; every dtype meets at least one op.
+FAMILY_DTYPES = ("float32", "bfloat16", "int64", "uint8", "bool", "complex64")
+
+
+def paired_reduce_cases() -> list[tuple[str, str]]:
+    """A lean cover of ``reduce_cases`` for the collectives that share all_reduce's arithmetic (reduce,
+    reduce_scatter): every op with one dtype per family, and every dtype with SUM (MAX for bool's
+    sake too) -- pairs, not the full product, which all_reduce alone runs."""
+    cases = [(op, d) for op in ARITHMETIC_OPS + BITWISE_OPS for d in FAMILY_DTYPES if d in op_dtypes(op)]
+    cases += [(op, d) for op in ("SUM", "MAX") for d in op_dtypes(op) if (op, d) not in cases]
+    return cases
+
+
 def undefined_cases() -> list[tuple[str, str]]:
     """(op, dtype) pairs torch does not define: a backend must raise, never return garbage."""
     out = [(op, dtype) for op in BITWISE_OPS for dtype in FLOAT_DTYPES]

@@ -12,6 +12,7 @@ that case records it and the next one runs on a freshly built mesh.
 from __future__ import annotations
 
 import datetime
+import importlib
 import traceback
 from typing import Any, Callable, Iterable
 
@@ -86,8 +87,9 @@ def error_record(exc: BaseException) -> dict:
 def run_cases(ctx, shape: tuple[int, ...], cases: Iterable[tuple[str, Callable]]) -> dict[str, dict]:
     """Run each ``(key, fn)``: ``fn(mesh) -> record`` (a dict), or the error it raised as a record.
 
-    After each case the ranks agree on the outcome; a case whose outcome differs across ranks gets
-    ``"peers"`` (each rank's outcome) in its record, and the next case runs on a new mesh.
+    After each case the ranks agree on the outcome; a case whose outcome differs across ranks (some
+    raised, or they raised differently) gets ``"peers"`` (each rank's outcome) in its record, and the
+    next case runs on a new mesh.
     """
     import torch.distributed as dist
 
@@ -101,7 +103,7 @@ def run_cases(ctx, shape: tuple[int, ...], cases: Iterable[tuple[str, Callable]]
             record = error_record(exc)
         outcomes: list = [None] * ctx.world_size
         dist.all_gather_object(outcomes, record.get("error", "ok"), group=control)
-        if len(set(outcomes)) > 1:
+        if len(set(outcomes)) > 1:  # some raised, or raised differently: the mesh's groups may be mid-collective
             record["peers"] = outcomes
             mesh = device_mesh(ctx, shape, fresh=True)
         records[key] = record
@@ -116,3 +118,14 @@ def disagreement(record: dict) -> str | None:
     raised = [f"rank {r} raised {o}" for r, o in enumerate(peers) if o != "ok"]
     fine = [str(r) for r, o in enumerate(peers) if o == "ok"]
     return "; ".join(raised) + (f"; rank {', '.join(fine)} completed" if fine else "")
+
+
+def resolve_injected(name: str, default: Callable, what: str) -> Callable:
+    """The implementation a DTensor check runs: ``default`` for ``"dtensor"``, else the function at
+    ``"package.module:ATTRIBUTE"`` (the project's tests hand in broken ones to show they are caught)."""
+    if name == "dtensor":
+        return default
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what} {name!r}: expected 'dtensor' or 'package.module:ATTRIBUTE'")
+    return getattr(importlib.import_module(module), attr)

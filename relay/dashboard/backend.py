@@ -1,5 +1,6 @@
 """Backend page (``/backends/{name}``) and its API: run history, pass rate and queue/execution time
-charts, the current level, the level review's recommendation and the weekly history behind it.
+charts, the current level, the level review's recommendation, each criterion with its value and bar, and the
+weekly history.
 
 Reads runs and the level review; writes nothing. The charts are drawn in the browser by the vendored
 uPlot (``static/vendor``) from the same data the API returns.
@@ -7,6 +8,7 @@ uPlot (``static/vendor``) from the same data the API returns.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -14,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, backend_or_404, context, iso, render
-from relay.level_review import recommend, weekly_history
+from relay.level_review import review, weekly_history
 
 router = APIRouter()
 
@@ -48,6 +50,20 @@ class Week(BaseModel):
     time_to_result_max: float | None
 
 
+class CriterionItem(BaseModel):
+    level: str
+    measure: str
+    comparison: str  # above | below | at_least
+    bar: float
+    window_days: int
+    value: float | None
+    met: bool | None  # None: nothing to measure yet
+    entry: bool  # a criterion for entering the level above, not for holding this one
+    label: str
+    value_text: str
+    bar_text: str
+
+
 class BackendPage(BaseModel):
     name: str
     repository: str
@@ -56,6 +72,7 @@ class BackendPage(BaseModel):
     recommendation: str
     recommended_level: str
     reason: str
+    criteria: list[CriterionItem]
     weeks: list[Week]
     runs: list[RunItem]
 
@@ -76,9 +93,8 @@ def run_item(run) -> RunItem:
 
 def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
     target = backend_or_404(ctx, name)
-    history = weekly_history(ctx.store, name, bars=ctx.bars)
-    # The review is of the last week, the newest window of the history: no second read of the same runs.
-    recommendation, recommended_level, reason = recommend(target.level, history[-1], ctx.bars)
+    history = weekly_history(ctx.store, name, time_limit_seconds=ctx.criteria[target.level].time_limit_seconds)
+    (level_review,) = review(ctx.store, [target], criteria=ctx.criteria)
     weeks = [
         Week(since=iso(w.since), until=iso(w.until), runs=w.runs, success_rate=w.success_rate,
              time_to_result_p50=w.time_to_result_p50, time_to_result_max=w.time_to_result_max)
@@ -86,7 +102,10 @@ def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
     ]
     return BackendPage(
         name=name, repository=target.repository, level=target.level.value, label=target.label,
-        recommendation=recommendation, recommended_level=recommended_level, reason=reason, weeks=weeks,
+        recommendation=level_review.recommendation, recommended_level=level_review.recommended_level,
+        reason=level_review.reason, weeks=weeks,
+        criteria=[CriterionItem(**dataclasses.asdict(c), label=c.label, value_text=c.value_text,
+                                bar_text=c.bar_text) for c in level_review.criteria],
         runs=[run_item(r) for r in ctx.store.runs(backend=name, limit=limit)],
     )
 

@@ -51,7 +51,7 @@ class Overview(BaseModel):
 
 
 def build(ctx: DashboardContext, limit: int) -> Overview:
-    reviews = review(ctx.store, [(t.name, t.level) for t in ctx.backends.values()], bars=ctx.bars)
+    reviews = review(ctx.store, list(ctx.backends.values()), criteria=ctx.criteria)
     columns = [BackendColumn(name=r.backend, level=r.level, recommendation=r.recommendation,
                              recommended_level=r.recommended_level, reason=r.reason) for r in reviews]
     rows: dict[str, Row] = {}

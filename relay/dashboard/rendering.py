@@ -1,5 +1,5 @@
 """What every dashboard page shares: the Jinja2 environment (autoescaping on), the request's context
-(store, visible backends, level bars), and small formatting helpers.
+(store, visible backends, level criteria), and small formatting helpers.
 
 Read by each page module; reads ``app.state`` (set by :func:`relay.app.create_app`); writes nothing.
 Every string that came from outside (PR titles, test ids, failure messages, run URLs) reaches HTML
@@ -18,7 +18,8 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from relay.level_review import Bars, bars_from_settings
+from relay.level_review import criteria_from_settings
+from relay.trust import LevelCriteria, TrustLevel
 from relay.trust import BackendTarget
 
 __all__ = ["DashboardContext", "STATIC_DIR", "context", "render"]
@@ -65,7 +66,7 @@ class DashboardContext:
     store: Any
     backends: dict[str, BackendTarget]  # the backends shown on the dashboard, by name
     hidden: tuple[str, ...]  # allowlisted but not shown (L1 in the levels table)
-    bars: Bars
+    criteria: dict[TrustLevel, LevelCriteria]  # the level criteria, with the settings' overrides
     upstream: str
 
 
@@ -73,7 +74,7 @@ def context(request: Request) -> DashboardContext:
     state = request.app.state
     visible = {t.name: t for t in state.allowlist if t.on_dashboard}
     hidden = tuple(t.name for t in state.allowlist if not t.on_dashboard)
-    return DashboardContext(state.store, visible, hidden, bars_from_settings(state.settings), state.settings.upstream_repo)
+    return DashboardContext(state.store, visible, hidden, criteria_from_settings(state.settings), state.settings.upstream_repo)
 
 
 def backend_or_404(ctx: DashboardContext, name: str):

@@ -4,7 +4,8 @@ Module map (one concept each): ``deliveries`` (accepted webhooks, the dedupe key
 outbox and its state machine), ``pull_requests`` (labels per PR), ``backends`` (the allowlist as
 synced), ``runs`` (one row per downstream run), ``per_test_results`` (one row per test of a finished
 run), ``reported_states`` (what reporting last wrote upstream), ``callback_nonces`` (expired nonces),
-``rerun_requests`` (handled re-run requests); ``base`` (declarative base), ``models`` (every table),
+``rerun_requests`` (handled re-run requests), ``oidc_identities`` (repository ids pinned at a
+backend's first OIDC callback); ``base`` (declarative base), ``models`` (every table),
 ``database`` (engine, URL, migrations), ``store`` (:class:`Store`: the intake and dispatch operations,
 one transaction each), ``results_operations`` (the results side's operations, mixed into ``Store``),
 ``group_commit`` (intake's writer thread: one transaction for every webhook pending), ``errors``

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Connection, DateTime, String, Text
+from sqlalchemy import JSON, Connection, DateTime, Index, String, Text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -24,6 +24,7 @@ __all__ = ["Delivery", "DeliveryView", "NewDelivery"]
 
 class Delivery(Base):
     __tablename__ = "deliveries"
+    __table_args__ = (Index("ux_deliveries_body_sha256", "body_sha256", unique=True),)
 
     delivery_id: Mapped[str] = mapped_column(String(100), primary_key=True)
     event: Mapped[str] = mapped_column(String(64))
@@ -36,6 +37,9 @@ class Delivery(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)
     # The raw webhook, kept only for events the results side reads later (re-run requests).
     payload: Mapped[str | None] = mapped_column(Text)
+    # sha256 of the signed body: the signature does not cover X-GitHub-Delivery, so a replayed body
+    # under a fresh delivery id is recognised by this (unique) digest. NULL for rows stored before it.
+    body_sha256: Mapped[str | None] = mapped_column(String(64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,7 @@ class NewDelivery:
     summary: dict[str, Any]
     reason: str | None = None
     payload: str | None = None
+    body_sha256: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +69,12 @@ class DeliveryView:
 
 
 def insert_new(connection: Connection, rows: Sequence[dict[str, Any]]) -> set[str]:
-    """Insert the rows whose ``delivery_id`` is not in the table yet; return the ids inserted.
+    """Insert the rows whose ``delivery_id`` and ``body_sha256`` are not in the table yet; return the ids inserted.
 
-    ``ON CONFLICT DO NOTHING`` makes the database the judge of "seen before", so two copies of one
-    delivery racing in two processes (PostgreSQL) still store one: the second waits for the first's
-    transaction and then skips. Callers pass rows sorted by id, so two batches lock keys in one order.
+    ``ON CONFLICT DO NOTHING`` (on either unique key) makes the database the judge of "seen before",
+    so two copies of one delivery racing in two processes (PostgreSQL) still store one: the second
+    waits for the first's transaction and then skips. The same holds for one signed body replayed
+    under several delivery ids. Callers pass rows sorted by id, so two batches lock keys in one order.
     """
     if not rows:
         return set()
@@ -79,7 +85,7 @@ def insert_new(connection: Connection, rows: Sequence[dict[str, Any]]) -> set[st
 def _insert_new_statement(dialect_name: str):
     # Built once per dialect: constructing the statement costs more than running it for a small batch.
     dialect = postgresql if dialect_name == "postgresql" else sqlite
-    return dialect.insert(Delivery).on_conflict_do_nothing(index_elements=["delivery_id"]).returning(Delivery.delivery_id)
+    return dialect.insert(Delivery).on_conflict_do_nothing().returning(Delivery.delivery_id)
 
 
 def get(session: Session, delivery_id: str) -> DeliveryView | None:

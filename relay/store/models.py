@@ -11,6 +11,7 @@ from relay.store.dispatches import Dispatch
 from relay.store.pull_requests import PullRequest
 from relay.store.callback_nonces import ExpiredNonceRow
 from relay.store.credential_gates import CredentialGateRow
+from relay.store.oidc_identities import OidcIdentityRow
 from relay.store.probes import StoreProbe
 from relay.store.quarantine import QuarantinedRow
 from relay.store.reported_states import ReportedStateRow
@@ -19,6 +20,6 @@ from relay.store.runs import RunRow
 from relay.store.per_test_results import TestResultRow
 
 __all__ = [
-    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "PullRequest",
+    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "OidcIdentityRow", "PullRequest",
     "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "RunRow", "StoreProbe", "TestResultRow",
 ]

@@ -43,6 +43,7 @@ class PullRequestSnapshot:
     state: str
     labels: tuple[str, ...]
     source_updated_at: str
+    recorded_at: dt.datetime | None = None  # when the relay stored it (set on reads; the label version)
 
 
 def upsert_many(connection: Connection, snapshots: Sequence[tuple[PullRequestSnapshot, dt.datetime]]) -> None:

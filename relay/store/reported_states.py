@@ -1,8 +1,12 @@
-"""Reported states: the last state reported upstream per (run, target), so reporting skips repeats.
+"""Reported states: what reporting last decided per (run, target), and from which versions of the run
+and of its PR's labels, so reporting finds its work by query and skips repeats.
 
-Written by reporting after each successful (or permanently failed) GitHub write; read by reporting
-before each write. ``target`` names where the state went (``check_run`` or ``status``);
-``external_id`` keeps the check run's id so later states update the same check run.
+Written by reporting after each decision (a GitHub write, a permanent GitHub error, a state already
+shown, or nothing to show); read by reporting (``pending``: the runs whose ``updated_at`` or whose PR's
+label ``recorded_at`` differ from the versions last decided from) and by re-runs (which runs have a
+check run). ``target`` names where the state goes (``check_run`` or ``status``); ``external_id`` keeps
+the check run's id so later states update the same check run. Because the work list is these rows, a
+restart, a crash or a second relay process never leaves a state unreported.
 """
 
 from __future__ import annotations
@@ -10,14 +14,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, PrimaryKeyConstraint, String, Text, select
+from sqlalchemy import (
+    BigInteger, DateTime, ForeignKey, Integer, PrimaryKeyConstraint, String, Text, and_, or_, select,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
+from relay.store.pull_requests import PullRequest
+from relay.store.runs import RunRow, RunView, view
 
-__all__ = ["ReportedState", "ReportedStateRow"]
+__all__ = ["NOT_SHOWN", "PendingReport", "ReportedState", "ReportedStateRow"]
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
+NOT_SHOWN = "not_shown"  # the state of a run whose level shows nothing upstream (yet)
 
 
 class ReportedStateRow(Base):
@@ -30,6 +39,8 @@ class ReportedStateRow(Base):
     external_id: Mapped[int | None] = mapped_column(BigInteger)
     last_error: Mapped[str | None] = mapped_column(Text)
     reported_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    run_updated_at: Mapped[dt.datetime | None] = mapped_column(DateTime)  # the run version decided from
+    labels_recorded_at: Mapped[dt.datetime | None] = mapped_column(DateTime)  # the PR label version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +51,24 @@ class ReportedState:
     external_id: int | None
     last_error: str | None
     reported_at: dt.datetime
+    run_updated_at: dt.datetime | None = None
+    labels_recorded_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingReport:
+    """A run to decide again: its current row, its PR's labels (None for a push; empty when the PR is
+    unknown) and their version, and what was decided last (None: never)."""
+
+    run: RunView
+    labels: tuple[str, ...] | None
+    labels_recorded_at: dt.datetime | None
+    previous: ReportedState | None
 
 
 def _view(row: ReportedStateRow) -> ReportedState:
-    return ReportedState(row.run_pk, row.target, row.state, row.external_id, row.last_error, row.reported_at)
+    return ReportedState(row.run_pk, row.target, row.state, row.external_id, row.last_error, row.reported_at,
+                         row.run_updated_at, row.labels_recorded_at)
 
 
 def get(session: Session, run_pk: int, target: str) -> ReportedState | None:
@@ -53,15 +78,17 @@ def get(session: Session, run_pk: int, target: str) -> ReportedState | None:
 
 def put(
     session: Session, run_pk: int, target: str, state: str, *, external_id: int | None, last_error: str | None,
-    now: dt.datetime,
+    now: dt.datetime, run_updated_at: dt.datetime | None = None, labels_recorded_at: dt.datetime | None = None,
 ) -> None:
     row = session.get(ReportedStateRow, (run_pk, target), with_for_update=True)
     if row is None:
         session.add(ReportedStateRow(
             run_pk=run_pk, target=target, state=state, external_id=external_id, last_error=last_error, reported_at=now,
+            run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at,
         ))
         return
     row.state, row.last_error, row.reported_at = state, last_error, now
+    row.run_updated_at, row.labels_recorded_at = run_updated_at, labels_recorded_at
     if external_id is not None:
         row.external_id = external_id
 
@@ -70,3 +97,34 @@ def for_runs(session: Session, run_pks: list[int]) -> list[ReportedState]:
     if not run_pks:
         return []
     return [_view(row) for row in session.scalars(select(ReportedStateRow).where(ReportedStateRow.run_pk.in_(run_pks)))]
+
+
+def pending(session: Session, target: str, *, since: dt.datetime, limit: int,
+            skip: tuple[int, ...] = ()) -> list[PendingReport]:
+    """Runs changed since ``since`` whose state, or whose PR's labels at its head, are newer than what
+    was last decided for ``target``; oldest change first. ``skip`` leaves out runs waiting for a retry."""
+    reported = and_(ReportedStateRow.run_pk == RunRow.id, ReportedStateRow.target == target)
+    pull_request = and_(PullRequest.repository == RunRow.upstream_repository, PullRequest.number == RunRow.pr_number)
+    labels_changed = and_(
+        PullRequest.head_sha == RunRow.head_sha,  # a label change re-decides the runs of the PR's head only
+        or_(ReportedStateRow.labels_recorded_at.is_(None), ReportedStateRow.labels_recorded_at != PullRequest.recorded_at),
+    )
+    stmt = (
+        select(RunRow, ReportedStateRow, PullRequest.labels, PullRequest.recorded_at)
+        .outerjoin(ReportedStateRow, reported)
+        .outerjoin(PullRequest, pull_request)
+        .where(RunRow.updated_at >= since)
+        .where(or_(
+            ReportedStateRow.run_pk.is_(None),
+            ReportedStateRow.run_updated_at.is_(None),
+            ReportedStateRow.run_updated_at != RunRow.updated_at,
+            labels_changed,
+        ))
+    )
+    if skip:
+        stmt = stmt.where(RunRow.id.not_in(list(skip)))
+    out = []
+    for run, state, labels, recorded_at in session.execute(stmt.order_by(RunRow.updated_at, RunRow.id).limit(limit)):
+        pr_labels = None if run.pr_number is None else tuple(labels or ())
+        out.append(PendingReport(view(run), pr_labels, recorded_at, None if state is None else _view(state)))
+    return out

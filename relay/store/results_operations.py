@@ -18,7 +18,7 @@ from sqlalchemy import select
 from relay import provenance
 from relay.run_states import RunState, check_transition
 from relay.store import (
-    callback_nonces, dispatches, per_test_results, quarantine, reported_states, rerun_requests, runs,
+    callback_nonces, dispatches, oidc_identities, per_test_results, quarantine, reported_states, rerun_requests, runs,
 )
 from relay.store.base import utcnow
 from relay.store.errors import guarded
@@ -59,7 +59,7 @@ class ResultsOperations:
     # --- callbacks ------------------------------------------------------------------------------
     @guarded
     def find_nonce(self, nonce: str) -> callback_nonces.NonceTarget | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return callback_nonces.find(session, nonce)
 
     @guarded
@@ -96,11 +96,6 @@ class ResultsOperations:
 
     # --- sweeper --------------------------------------------------------------------------------
     @guarded
-    def adopt_dispatches(self, since: dt.datetime) -> tuple[list[int], list[int]]:
-        with self._transaction() as session:
-            return runs.adopt(session, utcnow(), since)
-
-    @guarded
     def time_out_runs(self, *, unstarted_before: dt.datetime, running_before: dt.datetime) -> list[tuple[runs.RunView, str]]:
         """Time out open runs past their limits, row by row: a run that cannot be changed is quarantined
         (``time_outs`` / ``run <id>``) and the others still time out."""
@@ -125,74 +120,80 @@ class ResultsOperations:
     # --- reading runs ---------------------------------------------------------------------------
     @guarded
     def run(self, run_pk: int) -> runs.RunView | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return runs.get(session, run_pk)
 
     @guarded
     def runs(self, **filters: Any) -> list[runs.RunView]:
         """runs(backend=, pr_number=, upstream_repository=, head_sha=, since=, until=, states=, limit=, newest_first=)."""
-        with self._transaction() as session:
+        with self._reading() as session:
             return runs.query(session, **filters)
 
     @guarded
     def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[per_test_results.TestResultView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return per_test_results.for_runs(session, run_pks, outcomes)
 
     @guarded
     def test_history(self, test_id: str, limit: int = 200) -> list[per_test_results.TestResultView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return per_test_results.history(session, test_id, limit)
 
     @guarded
-    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[per_test_results.TestResultView]:
-        with self._transaction() as session:
-            return per_test_results.since(session, when, backend)
+    def failing_tests(
+        self, *, since: dt.datetime, backend: str | None = None, after: tuple[str, str] | None = None,
+        limit: int = 100, streak_limit: int = 50,
+    ) -> tuple[list[per_test_results.FailingStreak], tuple[str, str] | None]:
+        """A page of tests failing now and the next page's cursor (see ``per_test_results.failing_now``)."""
+        with self._reading() as session:
+            return per_test_results.failing_now(session, since=since, backend=backend, after=after, limit=limit,
+                                                streak_limit=streak_limit)
 
     @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             row = session.get(dispatches.Dispatch, dispatch_id)
             return None if row is None else dict(row.client_payload)
 
     # --- pull requests (read) -------------------------------------------------------------------
     @guarded
     def pull_request(self, repository: str, number: int) -> PullRequestSnapshot | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             row = session.get(PullRequest, (repository, number))
             if row is None:
                 return None
             return PullRequestSnapshot(
                 repository=row.repository, number=row.number, head_sha=row.head_sha, state=row.state,
-                labels=tuple(row.labels), source_updated_at=row.source_updated_at,
+                labels=tuple(row.labels), source_updated_at=row.source_updated_at, recorded_at=row.recorded_at,
             )
-
-    @guarded
-    def pull_requests_changed_since(self, when: dt.datetime) -> list[tuple[str, int, dt.datetime]]:
-        with self._transaction() as session:
-            rows = session.execute(
-                select(PullRequest.repository, PullRequest.number, PullRequest.recorded_at)
-                .where(PullRequest.recorded_at > when).order_by(PullRequest.recorded_at)
-            ).all()
-            return [(r[0], r[1], r[2]) for r in rows]
 
     # --- reporting ------------------------------------------------------------------------------
     @guarded
     def reported_state(self, run_pk: int, target: str) -> reported_states.ReportedState | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return reported_states.get(session, run_pk, target)
 
     @guarded
     def reported_states(self, run_pks: Sequence[int]) -> list[reported_states.ReportedState]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return reported_states.for_runs(session, list(run_pks))
 
     @guarded
     def record_reported_state(
         self, run_pk: int, target: str, state: str, *, external_id: int | None = None, last_error: str | None = None,
+        run_updated_at: dt.datetime | None = None, labels_recorded_at: dt.datetime | None = None,
     ) -> None:
+        """What reporting decided for a run, and from which run and label versions (see ``reports_pending``)."""
         with self._transaction() as session:
-            reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error, now=utcnow())
+            reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error,
+                                now=utcnow(), run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at)
+
+    @guarded
+    def reports_pending(self, target: str, *, since: dt.datetime, limit: int = 200,
+                        skip: Sequence[int] = ()) -> list[reported_states.PendingReport]:
+        """Runs whose state or PR labels changed after what was last decided for ``target``."""
+        with self._transaction() as session:
+            return reported_states.pending(session, target, since=since, limit=limit, skip=tuple(skip))
 
     # --- quarantine -----------------------------------------------------------------------------
     @guarded
@@ -203,12 +204,12 @@ class ResultsOperations:
 
     @guarded
     def quarantined(self, limit: int = 100) -> list[quarantine.QuarantineView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return quarantine.list_views(session, limit)
 
     @guarded
     def quarantine_counts(self) -> dict[str, int]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return quarantine.counts(session)
 
     @guarded
@@ -216,6 +217,18 @@ class ResultsOperations:
         """Let the passes try the row again (after it was fixed); False if it was not quarantined."""
         with self._transaction() as session:
             return quarantine.release(session, worker, subject)
+
+    # --- OIDC identities ------------------------------------------------------------------------
+    @guarded
+    def pin_oidc_identity(self, backend: str, repository_id: int, repository_owner_id: int) -> tuple[int, int]:
+        """The ids pinned for ``backend``: the given ones if this is its first OIDC callback."""
+        with self._transaction() as session:
+            return oidc_identities.pin(session, backend, repository_id, repository_owner_id, utcnow())
+
+    @guarded
+    def oidc_identity(self, backend: str) -> tuple[int, int] | None:
+        with self._transaction() as session:
+            return oidc_identities.get(session, backend)
 
     # --- re-runs --------------------------------------------------------------------------------
     @guarded
@@ -242,5 +255,5 @@ class ResultsOperations:
 
     @guarded
     def rerun_request(self, delivery_id: str) -> rerun_requests.RerunRequestView | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return rerun_requests.get_view(session, delivery_id)

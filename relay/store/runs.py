@@ -1,8 +1,9 @@
 """Runs: one row per (delivery, backend, downstream run id, attempt), the record callbacks update.
 
-Written by adoption (``adopt``: a sent dispatch that starts a run gets a ``dispatched`` row; a
-``pull_request.closed`` dispatch cancels that PR's open runs), by callbacks (``bind`` then a state
-change decided by :mod:`relay.run_states`; ``supersede`` when a newer run of a PR starts) and by the sweeper (time-outs). Read by reporting, re-runs, the
+Written by the dispatcher (``record_sent``, in the transaction that marks a dispatch sent: a dispatch
+that starts a run gets its ``dispatched`` row; a ``pull_request.closed`` dispatch cancels that PR's open
+runs of the backend), by callbacks (``bind`` then a state change decided by :mod:`relay.run_states`;
+``supersede`` when a newer run of a PR starts) and by the sweeper (time-outs). Read by reporting, re-runs, the
 level review and the dashboard. The downstream run id and attempt are unknown until the first
 callback: the ``dispatched`` row has them NULL and the first callback binds them.
 """
@@ -14,7 +15,7 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, exists, select,
+    JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, and_, select,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -25,12 +26,12 @@ from relay.run_states import (
 from relay.store import quarantine
 from relay.store.base import Base
 from relay.store.deliveries import Delivery
-from relay.store.dispatches import Dispatch, DispatchState
+from relay.store.dispatches import Dispatch
 
-__all__ = ["ADOPTION", "TIME_OUTS", "RunRow", "RunView", "starts_a_run"]
+__all__ = ["RUN_ROWS", "TIME_OUTS", "RunRow", "RunView", "starts_a_run"]
 
 # Quarantine worker names of the passes below.
-ADOPTION = "adoption"
+RUN_ROWS = "run_rows"  # the run a sent dispatch starts (or the runs its close cancels)
 TIME_OUTS = "time_outs"
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
@@ -48,6 +49,7 @@ class RunRow(Base):
         Index("ix_runs_pr", "upstream_repository", "pr_number"),
         Index("ix_runs_state", "state"),
         Index("ix_runs_head_sha", "head_sha"),
+        Index("ix_runs_updated_at", "updated_at"),
     )
 
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
@@ -151,62 +153,39 @@ def _new_row(dispatch: Dispatch, title: str | None, dispatched_at: dt.datetime, 
     )
 
 
-def _title_of(summary: Any) -> str | None:
+def _title(session: Session, delivery_id: str) -> str | None:
     """The PR title from the summary intake stored for the delivery, if it has one."""
+    summary = session.scalar(select(Delivery.summary).where(Delivery.delivery_id == delivery_id))
     title = summary.get("title") if isinstance(summary, dict) else None
     return title[:500] if isinstance(title, str) else None
 
 
-def _title(session: Session, delivery_id: str) -> str | None:
-    return _title_of(session.scalar(select(Delivery.summary).where(Delivery.delivery_id == delivery_id)))
-
-
-def adopt(session: Session, now: dt.datetime, since: dt.datetime, limit: int = 500) -> tuple[list[int], list[int]]:
-    """Give every sent run-starting dispatch (sent after ``since``) its ``dispatched`` row; cancel the
-    open runs of PRs whose ``closed`` event was dispatched. Returns the ids of (adopted, cancelled) runs.
-
-    Row by row (see :func:`quarantine.each_row`): a dispatch whose run cannot be written is quarantined
-    as ``adoption`` / ``dispatch <id>`` and skipped from then on; at most ``limit`` per pass, oldest first.
-    """
-    no_run = ~exists().where(RunRow.dispatch_id == Dispatch.id)
-    set_aside = [int(s.split()[-1]) for s in quarantine.keys(session, ADOPTION)]
-    # Each dispatch with its delivery's summary (the PR title), in one query rather than one per dispatch.
-    query = (
-        select(Dispatch, Delivery.summary).outerjoin(Delivery, Delivery.delivery_id == Dispatch.delivery_id)
-        .where(Dispatch.state == DispatchState.sent, Dispatch.sent_at >= since, no_run)
-    )
-    if set_aside:
-        query = query.where(Dispatch.id.not_in(set_aside))
-    candidates = session.execute(query.order_by(Dispatch.id).limit(limit)).all()
-    adopted: list[int] = []
-    cancelled: list[int] = []
-
-    def adopt_one(candidate) -> None:
-        dispatch, summary = candidate
-        payload = dispatch.client_payload or {}
-        if starts_a_run(payload):
-            row = _new_row(dispatch, _title_of(summary), dispatch.sent_at or now, now)
-            session.add(row)
-            session.flush()
-            adopted.append(row.id)
-        elif payload.get("event") == "pull_request" and payload.get("action") == "closed":
-            number = (payload.get("pull_request") or {}).get("number")
-            open_runs = session.scalars(
-                select(RunRow).where(
-                    RunRow.backend == dispatch.backend, RunRow.pr_number == number,
-                    RunRow.upstream_repository == payload.get("repository"), RunRow.state.in_(_OPEN),
-                    RunRow.dispatched_at <= (dispatch.sent_at or now),
-                ).with_for_update()
-            ).all()
-            for run in open_runs:
-                run.state, run.reason, run.finished_at, run.updated_at = (
-                    RunState.cancelled.value, "pull_request_closed", now, now,
-                )
-            session.flush()
-            cancelled.extend(run.id for run in open_runs)
-
-    quarantine.each_row(session, ADOPTION, ((f"dispatch {c[0].id}", c) for c in candidates), adopt_one, now)
-    return adopted, cancelled
+def record_sent(session: Session, dispatch: Dispatch, now: dt.datetime) -> list[int]:
+    """The run rows a dispatch marked sent creates or cancels: a run-starting dispatch gets its
+    ``dispatched`` row; a ``pull_request.closed`` one cancels the backend's open runs of that PR that
+    were dispatched before it. Returns the ids of the runs written."""
+    payload = dispatch.client_payload or {}
+    sent_at = dispatch.sent_at or now
+    if starts_a_run(payload):
+        row = _new_row(dispatch, _title(session, dispatch.delivery_id), sent_at, now)
+        session.add(row)
+        session.flush()
+        return [row.id]
+    if payload.get("event") == "pull_request" and payload.get("action") == "closed":
+        number = (payload.get("pull_request") or {}).get("number")
+        open_runs = session.scalars(
+            select(RunRow).where(
+                RunRow.backend == dispatch.backend, RunRow.pr_number == number,
+                RunRow.upstream_repository == payload.get("repository"), RunRow.state.in_(_OPEN),
+                RunRow.dispatched_at <= sent_at,
+            ).with_for_update()
+        ).all()
+        for run in open_runs:
+            run.state, run.reason, run.finished_at, run.updated_at = (
+                RunState.cancelled.value, "pull_request_closed", now, now,
+            )
+        return [run.id for run in open_runs]
+    return []
 
 
 def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, now: dt.datetime) -> RunRow:

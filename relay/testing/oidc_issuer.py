@@ -21,6 +21,7 @@ import secrets
 import time
 import urllib.parse
 import uuid
+import zlib
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -75,6 +76,10 @@ class FakeOidcIssuer(LoopbackServer):
             "iss": issuer or self.url, "aud": audience, "sub": f"repo:{repository}:ref:refs/heads/main",
             "repository": repository, "repository_owner": repository.split("/")[0], "run_id": str(run_id),
             "run_attempt": str(run_attempt), "workflow": "conformance", "event_name": "repository_dispatch",
+            # GitHub's numeric ids; here stable numbers derived from the names.
+            "repository_id": str(zlib.crc32(repository.lower().encode()) + 1),
+            "repository_owner_id": str(zlib.crc32(repository.split("/")[0].lower().encode()) + 1),
+            "workflow_ref": f"{repository}/.github/workflows/conformance.yml@refs/heads/main",
             "iat": int(now), "nbf": int(now) - 5, "exp": int(now + lifetime), "jti": uuid.uuid4().hex,
         }
         body.update(claims)
@@ -90,6 +95,10 @@ class FakeOidcIssuer(LoopbackServer):
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm and the
+            # client's delayed ACK add ~40 ms to every answer on loopback.
+            disable_nagle_algorithm = True
+
             def log_message(self, *args):
                 pass
 

@@ -49,7 +49,7 @@ def test_run_exits_non_zero_when_a_known_failure_is_not_declared(tmp_path):
 def test_unknown_suite_is_refused(tmp_path):
     result = conformance("run", "--suite", "nope", cwd=tmp_path)
     assert result.returncode == 1
-    assert "unknown suite 'nope'; available: collectives" in result.stderr
+    assert "unknown suite 'nope'; available: collective_layouts, collectives, dtensor, " in result.stderr
 
 
 def test_backends_shows_detection_and_declared_vs_probed(tmp_path):
@@ -101,3 +101,13 @@ def test_list_names_a_suite_that_cannot_be_collected(tmp_path, monkeypatch, caps
     assert out == ""
     assert "conformance: cannot collect test_broken.py:" in err
     assert "No module named 'no_such_module_for_conformance'" in err
+
+
+def test_run_says_how_many_tests_lacked_ranks_and_how_to_run_them(tmp_path):
+    result = conformance("run", "--suite", "p2p", "--report", "r.json", "--", "-k", "other_than_0 or tags", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = validate_report(json.loads((tmp_path / "r.json").read_text()))
+    skipped = [t for t in report.tests if t.outcome == "skipped"]
+    assert [t.nodeid.split("::")[-1] for t in skipped] == ["test_send_recv_between_ranks_other_than_0"]
+    assert ("1 tests skipped for lack of ranks (they need up to 4); run them with: conformance run --world-size 4 "
+            "-- -m world_size") in result.stdout

@@ -32,7 +32,7 @@ def results_relay(fake_github, oidc_issuer, results_backends):
 
     def start(database_url: str, **overrides):
         values = dict(
-            oidc_issuer=oidc_issuer.url, oidc_audience=AUDIENCE, sweeper_enabled=False, label_poll_seconds=0.05,
+            oidc_issuer=oidc_issuer.url, oidc_audience=AUDIENCE, sweeper_enabled=False, reporting_poll_seconds=0.05,
             rerun_poll_seconds=0.05, dashboard_url="http://dashboard.test",
         )
         values.update(overrides)

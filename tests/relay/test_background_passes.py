@@ -12,7 +12,6 @@ from relay.store.database import normalise_url
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import UPSTREAM
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
-from tests.relay.test_sweeper import sweeper_for
 
 
 def _sent_pull_request(relay, delivery_id: str, title: str, backend: str = "l2") -> int:
@@ -29,25 +28,21 @@ def _sent_pull_request(relay, delivery_id: str, title: str, backend: str = "l2")
     return row.id
 
 
-def test_a_row_adoption_cannot_store_is_quarantined_and_every_other_row_is_adopted(database_url, results_relay):  # noqa: F811
+def test_a_run_row_that_cannot_be_stored_is_quarantined_and_the_dispatch_still_sent(database_url, results_relay):  # noqa: F811
     relay, _drive = results_relay(database_url)
     bad = _sent_pull_request(relay, "bad-title", "\ud800")  # a lone surrogate: no database can store it as text
     good = _sent_pull_request(relay, "good-title", "Fix things")
-    sweeper = sweeper_for(relay, registry=relay.app.state.metrics.registry)
-    counts = sweeper.sweep_once()
-    assert counts["adopted"] == 1
+    assert {d.id: d.state for d in relay.store.dispatches() if d.id in (bad, good)} == {bad: "sent", good: "sent"}
     assert [r.dispatch_id for r in relay.store.runs()] == [good]
     (entry,) = relay.store.quarantined()
-    assert (entry.worker, entry.subject) == ("adoption", f"dispatch {bad}")
+    assert (entry.worker, entry.subject) == ("run_rows", f"dispatch {bad}")
     assert "surrogate" in entry.error
-    # The next pass skips it (no error, nothing new), and a later good row is still adopted.
-    later = _sent_pull_request(relay, "later", "More fixes", backend="l3")
-    assert sweeper.sweep_once()["adopted"] == 1
+    later = _sent_pull_request(relay, "later", "More fixes", backend="l3")  # later rows are still written
     assert sorted(r.dispatch_id for r in relay.store.runs()) == [good, later]
     api = httpx.get(f"{relay.url}/api/quarantine", timeout=10).json()
-    assert [(e["worker"], e["subject"]) for e in api] == [("adoption", f"dispatch {bad}")]
+    assert [(e["worker"], e["subject"]) for e in api] == [("run_rows", f"dispatch {bad}")]
     assert "surrogate" in api[0]["error"]
-    assert 'relay_quarantined_rows{worker="adoption"} 1.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
+    assert 'relay_quarantined_rows{worker="run_rows"} 1.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
     assert httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200  # handled: set aside, not failing
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from relay.store import Store
+from relay.testing import Fault
 from tests.relay.helpers import SECRET, RelayProcess, push_payload, write_backend
 
 GITHUB_TOKEN = "ghp_crash_test_token"
@@ -108,3 +109,62 @@ def test_two_processes_on_one_postgresql_never_send_a_row_twice(postgres_url, fa
     nonces = [d["client_payload"]["nonce"] for d in fake_github.dispatches()]
     assert len(nonces) == len(set(nonces)) == len(deliveries) * len(names)
     assert len(claimers) == 2  # both processes sent rows
+
+
+def test_kill_9_with_reports_pending_reports_them_all_after_restart(database_url, fake_github, tmp_path):
+    """Reporting finds its work in the store: a relay killed while its reporter hangs on GitHub, with a
+    push run and a PR run finished but not reported, reports both (final states) once restarted."""
+    import httpx
+
+    from tests.relay.helpers import pr_payload
+    from tests.relay.results_support import TOKENS, write_backends
+
+    backends = write_backends(tmp_path / "report-backends")
+    # The first commit status the relay writes hangs, and with it the reporter; everything after it waits.
+    fake_github.script(Fault.slow(600), endpoint="statuses")
+    env = _env(database_url, fake_github, backends, RELAY_GITHUB_TIMEOUT_SECONDS="120",
+               RELAY_DISPATCH_LEASE_SECONDS="300", RELAY_SWEEPER_ENABLED="false", RELAY_REPORTING_POLL_SECONDS="0.1")
+    log = tmp_path / "relay.log"
+    relay = RelayProcess(env, log).start()
+    push_sha, pr_sha = "c" * 40, "a" * 40
+    try:
+        assert relay.post("push", push_payload(after=push_sha), "report-push").status_code == 202
+        assert relay.post("pull_request", pr_payload("opened", number=61, head_sha=pr_sha), "report-pr").status_code == 202
+        nonces = _wait_for(lambda: {d["client_payload"]["delivery"]: d["client_payload"]["nonce"]
+                                    for d in fake_github.dispatches("org/l4-ci")}, lambda n: len(n) == 2)
+        _wait_for(lambda: fake_github.faults_left, lambda left: left == 0)  # the reporter's first write hangs
+        for delivery, run_id, conclusion in (("report-push", 7001, "success"), ("report-pr", 7002, "failure")):
+            for body in ({"state": "in_progress"}, {"state": "completed", "conclusion": conclusion}):
+                answer = httpx.post(f"{relay.url}/github/callback", timeout=30, json={
+                    "nonce": nonces[delivery], "run_id": run_id, "run_attempt": 1, **body,
+                }, headers={"Authorization": f"Token {TOKENS['l4']}"})
+                assert answer.status_code == 200, answer.text
+        relay.kill()
+    finally:
+        relay.stop()
+    store = Store(database_url)
+    runs = {run.head_sha: run for run in store.runs(backend="l4")}
+    assert {sha: runs[sha].state for sha in (push_sha, pr_sha)} == {push_sha: "completed", pr_sha: "completed"}
+    assert [s for s in fake_github.statuses if s["state"] != "pending"] == []  # nothing final reported before the kill
+
+    restarted = RelayProcess(env, log).start()
+    try:
+        finals = _wait_for(lambda: {s["sha"]: s["state"] for s in fake_github.statuses
+                                    if s["context"] == "crcr/l4" and s["state"] != "pending"},
+                           lambda f: len(f) == 2)
+    finally:
+        restarted.stop()
+    assert finals == {push_sha: "success", pr_sha: "failure"}
+    assert {store.reported_state(runs[sha].id, "status").state for sha in (push_sha, pr_sha)} == {
+        "completed:success", "completed:failure"}
+
+
+def _wait_for(read, done, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout}s waiting; last seen: {value!r}")
+        time.sleep(0.05)

@@ -96,6 +96,8 @@ def test_backend_page_draws_its_charts(seeded, page):
         assert drawn > 500, f"{chart} has {drawn} drawn pixels"
     assert page.locator("#runs tbody tr").count() == 3
     assert "insufficient data" in page.locator("p.review").inner_text()
+    rows = [r.split("\t") for r in page.locator("#criteria tbody tr").all_inner_texts()]
+    assert ["hold L4", "runs", "3", "at least 5 over 7 days", "no"] in rows
     assert_inert(page)
 
 
@@ -136,6 +138,10 @@ def test_json_api_behind_every_page(seeded):
     assert [b["name"] for b in overview["backends"]] == ["l2", "l3", "l4"] and len(overview["rows"]) == 3
     backend = httpx.get(f"{base}/api/backends/l2").json()
     assert backend["level"] == "L2" and len(backend["runs"]) == 3 and backend["runs"][0]["pass_rate"] == 1.0
+    criteria = {(c["entry"], c["measure"]): c for c in backend["criteria"]}
+    held = criteria[(False, "success_rate")]
+    assert (held["level"], held["bar"], held["comparison"], held["value"], held["met"]) == ("L2", 0.7, "above", 1.0, True)
+    assert criteria[(True, "days_at_level")]["met"] is None  # the descriptor says no level_since
     pr = httpx.get(f"{base}/api/prs/63").json()
     assert pr["title"] == XSS_TITLE and pr["diff"][0]["passing_on"] == ["l2"]
     test = httpx.get(f"{base}/api/tests/collectives::test_broadcast").json()

@@ -14,10 +14,15 @@ from relay.testing.oidc_issuer import new_rsa_key
 from tests.relay.results_fixtures import oidc_issuer, results_backends  # noqa: F401 (fixtures)
 from tests.relay.results_support import AUDIENCE, TOKENS
 
+
+def _digest(name: str) -> str:
+    return hashlib.sha256(TOKENS[name].encode()).hexdigest()
+
+
 TARGETS = (
-    BackendTarget("l1", "org/l1-ci", TrustLevel.L1, "ciflow/crcr/l1", hashlib.sha256(TOKENS["l1"].encode()).hexdigest()),
-    BackendTarget("l2", "org/l2-ci", TrustLevel.L2, "ciflow/crcr/l2", hashlib.sha256(TOKENS["l2"].encode()).hexdigest()),
-    BackendTarget("l4", "Org/L4-CI", TrustLevel.L4, "ciflow/crcr/l4", None),
+    BackendTarget("l1", "org/l1-ci", TrustLevel.L1, "ciflow/crcr/l1", callback_token_sha256=_digest("l1")),
+    BackendTarget("l2", "org/l2-ci", TrustLevel.L2, "ciflow/crcr/l2", callback_token_sha256=_digest("l2")),
+    BackendTarget("l4", "Org/L4-CI", TrustLevel.L4, "ciflow/crcr/l4"),
 )
 
 

@@ -11,7 +11,7 @@ import datetime as dt
 import httpx
 import pytest
 
-from relay.level_review import Bars, week_stats
+from relay.level_review import week_stats
 from relay.provenance import Provenance, check
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
@@ -43,7 +43,7 @@ def with_torch(backend: str, git_version: str) -> dict:
 
 
 def settle(relay):
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.app.state.results.reporting.wait_idle(30)
 
 
 def statuses(fake, context):
@@ -78,13 +78,15 @@ def test_another_torch_is_never_a_pass_upstream(database_url, results_relay):  #
     assert "wrong torch" in httpx.get(f"{relay.url}/prs/31").text
 
 
-def test_check_run_of_another_torch_says_which(database_url, results_relay, app_mode):  # noqa: F811
+def test_check_run_of_another_torch_says_which(database_url, results_relay, app_mode, wait):  # noqa: F811
     relay, drive = results_relay(database_url, **app_mode)
     nonce = drive.nonce("l4", drive.open_pr(32, head_sha=HEAD))
     drive.start("l4", nonce)
     drive.complete("l4", nonce, "success", report_body=with_torch("l4", "Unknown"))
     settle(relay)
-    (check_run,) = [c for c in relay.fake.check_runs.values() if c["name"] == "crcr/l4"]
+    (check_run,) = wait(lambda: [c for c in relay.fake.check_runs.values()
+                                 if c["name"] == "crcr/l4" and c["status"] == "completed"], timeout=30,
+                         what="the completed check run")
     assert (check_run["status"], check_run["conclusion"]) == ("completed", "failure")
     assert "**Not a result for this commit**: ` unknown torch: the report's torch.git_version is 'Unknown'" \
         in check_run["output"]["summary"]
@@ -104,11 +106,8 @@ def test_the_dispatched_torch_passes(database_url, results_relay):  # noqa: F811
 
 def test_older_run_that_never_started_is_superseded(database_url, results_relay):  # noqa: F811
     relay, drive = results_relay(database_url)
-    since = dt.datetime(2000, 1, 1)
-    first = drive.open_pr(34, head_sha=HEAD)
-    relay.store.adopt_dispatches(since)
+    first = drive.open_pr(34, head_sha=HEAD)  # each dispatch's run row is written when it is sent
     second = drive.open_pr(34, head_sha=OTHER, action="synchronize", updated_at="2024-05-01T11:00:00Z")
-    relay.store.adopt_dispatches(since)
     older, = [r for r in relay.store.runs(backend="l4", pr_number=34) if r.head_sha == HEAD]
     assert older.state == "dispatched"
     assert drive.start("l4", drive.nonce("l4", second)).status_code == 200
@@ -121,5 +120,5 @@ def test_older_run_that_never_started_is_superseded(database_url, results_relay)
     late = drive.start("l4", drive.nonce("l4", first), run_id=5002)
     assert late.status_code == 409 and late.json()["error"] == "already_cancelled"
     # A superseded run never counts against the backend's level.
-    stats = week_stats("l4", relay.store.runs(backend="l4"), since, dt.datetime(2100, 1, 1), Bars())
+    stats = week_stats("l4", relay.store.runs(backend="l4"), dt.datetime(2000, 1, 1), dt.datetime(2100, 1, 1))
     assert stats.runs == 0

@@ -43,9 +43,10 @@ def test_check_runs_l4_real_conclusion_l3_neutral_l2_nothing(database_url, resul
     (l3,) = checks(fake, "crcr/l3")
     assert (l3["status"], l3["conclusion"]) == ("completed", "neutral")
     assert "collectives::test_broadcast" in l3["output"]["summary"]
-    # in_progress was reported first (a create), completion updated the same check run (a PATCH)
+    # queued was reported when the dispatch was sent (a create); in_progress and completion updated the
+    # same check run (a PATCH each)
     methods = [(r.method, r.endpoint) for r in fake.requests if r.endpoint in ("check_runs", "check_run")]
-    assert methods.count(("POST", "check_runs")) == 2 and methods.count(("PATCH", "check_run")) == 2
+    assert methods.count(("POST", "check_runs")) == 2 and methods.count(("PATCH", "check_run")) == 4
 
 
 def test_states_already_reported_are_skipped(database_url, results_relay, app_mode):  # noqa: F811
@@ -106,7 +107,8 @@ def test_commit_statuses_with_a_token(database_url, results_relay):  # noqa: F81
     drive.complete("l4", nonce, "failure", report_body=report("l4", long_failure))
     settle(relay)
     sent = statuses(relay.fake, "crcr/l4")
-    assert [s["state"] for s in sent] == ["pending", "failure"]
+    assert [s["state"] for s in sent] == ["pending", "pending", "failure"]  # queued at dispatch, running, done
+    assert sent[0]["description"].startswith("queued")
     assert all(len(s["description"]) <= 140 for s in sent)
     assert sent[-1]["description"].startswith("0 passed, 1 failed; first: collectives::test_xxx")
     assert sent[-1]["target_url"].startswith("http://dashboard.test/runs/")
@@ -119,13 +121,15 @@ def test_permanent_github_error_is_recorded_not_retried(database_url, results_re
 
     relay, drive = results_relay(database_url)
     nonce = drive.nonce("l4", drive.open_pr(25))
+    settle(relay)  # the queued status, written when the dispatch was sent
     relay.fake.script(Fault.unprocessable("No commit found for SHA"), endpoint="statuses")
     drive.start("l4", nonce)
     settle(relay)
     (run,) = relay.store.runs(backend="l4", pr_number=25)
     state = relay.store.reported_state(run.id, "status")
     assert state.state == "in_progress" and "No commit found for SHA" in state.last_error
-    assert len([r for r in relay.fake.requests if r.endpoint == "statuses"]) == 1
+    settle(relay)
+    assert [r.answered for r in relay.fake.requests if r.endpoint == "statuses"] == [201, 422]
 
 
 def test_retryable_github_error_is_retried(database_url, results_relay, wait):  # noqa: F811
@@ -133,76 +137,76 @@ def test_retryable_github_error_is_retried(database_url, results_relay, wait):  
 
     relay, drive = results_relay(database_url)
     nonce = drive.nonce("l4", drive.open_pr(26))
+    settle(relay)  # the queued status, written when the dispatch was sent
     relay.fake.script(Fault.rate_limited(retry_after=0), endpoint="statuses")
     drive.start("l4", nonce)
-    wait(lambda: statuses(relay.fake, "crcr/l4"), what="the status after the rate limit")
-    assert [r.answered for r in relay.fake.requests if r.endpoint == "statuses"][:2] == [429, 201]
+    wait(lambda: len(statuses(relay.fake, "crcr/l4")) == 2, what="the in_progress status after the rate limit")
+    assert [r.answered for r in relay.fake.requests if r.endpoint == "statuses"] == [201, 429, 201]
 
 
 class _ScriptedReporter:
-    """The worker's side of a Reporter: records when each run was reported; the first call for a run in
-    ``rate_limited`` raises RateLimitedError asking for ``wait`` seconds."""
+    """The worker's side of a Reporter and its store: ``pending`` run ids stay pending until reported;
+    the first report of a run in ``fail`` raises the error given for it. Records each call's time."""
 
-    def __init__(self, rate_limited=(), wait=0.2):
+    mode = "status"
+
+    def __init__(self, pending, fail=None):
         import threading
 
+        self.pending = list(pending)
+        self.fail = dict(fail or {})
         self.calls: list[tuple[int, float]] = []
-        self.rate_limited = set(rate_limited)
-        self.wait = wait
         self.store = self
         self._lock = threading.Lock()
 
-    def pull_requests_changed_since(self, _when):
-        return []
+    def reports_pending(self, _mode, *, since, limit, skip):
+        import types
 
-    def report_run(self, run_pk):
-        import time
-
-        from relay.github import RateLimitedError
+        from relay.store.reported_states import PendingReport
 
         with self._lock:
-            self.calls.append((run_pk, time.monotonic()))
-            if run_pk in self.rate_limited:
-                self.rate_limited.discard(run_pk)
-                raise RateLimitedError("rate limited", wait_seconds=self.wait)
+            return [PendingReport(types.SimpleNamespace(id=pk), None, None, None)
+                    for pk in self.pending if pk not in skip][:limit]
+
+    def report(self, row):
+        import time
+
+        with self._lock:
+            self.calls.append((row.run.id, time.monotonic()))
+            error = self.fail.pop(row.run.id, None)
+            if error is not None:
+                raise error
+            self.pending.remove(row.run.id)
         return "reported"
 
 
-def test_worker_holds_delayed_runs_until_due_without_blocking_others():
-    import time
-
+def test_worker_retries_a_failed_run_after_its_wait_without_holding_up_the_others():
+    from relay.github import RetryableError
     from relay.reporting import ReportingWorker
 
-    reporter = _ScriptedReporter(rate_limited={3}, wait=0.2)
-    worker = ReportingWorker(reporter, label_poll_seconds=3600)
+    reporter = _ScriptedReporter([1, 2, 3], fail={1: RetryableError("502 Bad Gateway")})
+    worker = ReportingWorker(reporter, poll_seconds=3600, retry_seconds=0.2)
     worker.start()
     try:
-        due = time.monotonic() + 0.3
-        worker.submit(1, not_before=due)
-        worker.submit(2)
-        limited_at = time.monotonic()
-        worker.submit(3)
         assert worker.wait_idle(10)
     finally:
         worker.stop()
-    order = [pk for pk, _ in reporter.calls]
-    assert order.index(2) < order.index(1)  # the delayed run did not hold up the one behind it
-    (first_at,) = [at for pk, at in reporter.calls if pk == 1]
-    assert first_at >= due
-    attempts = [at for pk, at in reporter.calls if pk == 3]
-    assert len(attempts) == 2 and attempts[1] >= attempts[0] + 0.2 >= limited_at + 0.2  # retried after the wait
+    assert [pk for pk, _ in reporter.calls] == [1, 2, 3, 1]  # the failed run did not hold up the others
+    first, second = [at for pk, at in reporter.calls if pk == 1]
+    assert second >= first + 0.2  # retried once its wait was over
+    assert reporter.pending == []
 
 
-def test_wait_idle_is_false_while_a_run_waits_for_its_retry():
+def test_a_rate_limit_rests_every_report_and_wait_idle_says_so():
+    from relay.github import RateLimitedError
     from relay.reporting import ReportingWorker
 
-    reporter = _ScriptedReporter(rate_limited={5}, wait=30)
-    worker = ReportingWorker(reporter, label_poll_seconds=3600)
+    reporter = _ScriptedReporter([5, 6], fail={5: RateLimitedError("rate limited", wait_seconds=30)})
+    worker = ReportingWorker(reporter, poll_seconds=0.05)
     worker.start()
     try:
-        worker.submit(5)
         assert worker.wait_idle(0.5) is False
-        assert [pk for pk, _ in reporter.calls] == [5]
+        assert [pk for pk, _ in reporter.calls] == [5]  # run 6 waits with it: the credential is shared
     finally:
         worker.stop()
 

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from relay.rerun import parse_retest
-from tests.relay.helpers import PAYLOADS_DIR, UPSTREAM, pr_payload
+from tests.relay.helpers import PAYLOADS_DIR, UPSTREAM
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS
 
@@ -195,23 +195,6 @@ def test_each_request_acts_once(database_url, results_relay):  # noqa: F811
     delivery, _ = post_and_handle(relay, "issue_comment", retest_comment("/retest l4", "OWNER", 37))
     assert relay.app.state.results.reruns.poll_once() == 0
     assert len(dispatched_to(relay, "l4", delivery)) == 1
-
-
-def test_runs_the_watcher_adopts_go_to_reporting(database_url, results_relay):  # noqa: F811
-    """The watcher adopts sent dispatches before deciding; a run it cancels (the PR was closed) must
-    still reach upstream, as when the sweeper cancels it."""
-    relay, drive = results_relay(database_url, rerun_poll_seconds=3600)
-    drive.open_pr(39)
-    closed = pr_payload("closed", number=39, updated_at="2024-05-01T12:00:00Z")
-    closed["pull_request"]["state"] = "closed"
-    assert relay.post("pull_request", closed).status_code == 202
-    relay.wait_settled()
-    post_and_handle(relay, "issue_comment", retest_comment("/retest l4", "OWNER", 39))
-    cancelled = [r for r in relay.store.runs(backend="l4", pr_number=39) if r.state == "cancelled"]
-    assert len(cancelled) == 1 and cancelled[0].reason == "pull_request_closed"
-    assert relay.app.state.results.reporting.wait_idle(10)
-    shown = [s for s in relay.fake.statuses if s["context"] == "crcr/l4"]
-    assert shown and shown[-1]["state"] == "error" and "cancelled" in shown[-1]["description"]
 
 
 def test_watcher_thread_handles_requests_by_itself(database_url, results_relay, wait):  # noqa: F811

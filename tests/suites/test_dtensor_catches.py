@@ -1,8 +1,11 @@
-"""The DTensor argmax/argmin suite catches what it claims: broken handlers fail the cases they get
-wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get right.
+"""The DTensor suites catch what they claim: broken argmax/argmin handlers fail the cases they get
+wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get
+right; a handler that crashes on one rank only is reported without hanging the matrix; broken
+redistributions fail the dtensor suite's redistribution checks.
 
-The broken handlers live in ``tests.suites._broken_argminmax``; the suite's rank function imports
-them on every rank by name and runs them over the same real process group and device mesh.
+The broken implementations live in ``tests.suites._broken_argminmax`` and ``tests.suites._broken_dtensor``;
+the suites' rank functions import them on every rank by name and run them over the same real process
+group and device mesh.
 """
 
 from __future__ import annotations
@@ -97,3 +100,40 @@ def test_a_case_that_raises_on_one_rank_only_fails_alone(ranks):
         suite.check_case(ranks, crashing, handler=handler, only=only)
     suite.check_case(ranks, before, handler=handler, only=only)
     suite.check_case(ranks, after, handler=handler, only=only)  # evaluated after the crash, on a fresh mesh
+
+
+# -- the dtensor suite's redistribution checks -----------------------------------------------------
+
+def _redistribution(source, target, shape="even"):
+    from conformance.suites import _dtensor_cases as cases
+
+    return cases.Redistribution(source, target, shape)
+
+
+def _redistribute(ranks, redistributor, case):
+    from conformance.suites import test_dtensor as dtensor_suite
+
+    dtensor_suite.check_redistribute(ranks, case, redistributor=BROKEN_DTENSOR + redistributor)
+
+
+BROKEN_DTENSOR = "tests.suites._broken_dtensor:"
+
+
+def test_a_partial_max_read_as_a_sum_is_caught(ranks):
+    with pytest.raises(ConformanceFailure, match=r"ranks 0, 1: redistribute P\(max\) -> R of a \(4, 6\) tensor: "
+                                                 r"full tensor \[\[.*\]\], expected \[\["):
+        _redistribute(ranks, "partial_max_as_sum", _redistribution("P(max)", "R"))
+    _redistribute(ranks, "partial_max_as_sum", _redistribution("P(sum)", "R"))  # other partials untouched
+
+
+def test_shards_on_the_wrong_rank_are_caught(ranks):
+    with pytest.raises(ConformanceFailure, match=r"redistribute R -> S0 of a \(4, 6\) tensor: full tensor "):
+        _redistribute(ranks, "shards_rotated", _redistribution("R", "S0"))
+    _redistribute(ranks, "shards_rotated", _redistribution("S0", "R"))
+
+
+def test_a_target_placement_ignored_is_caught(ranks):
+    with pytest.raises(ConformanceFailure, match=r"redistribute S0 -> S1 of a \(5, 7\) tensor gave placements "
+                                                 r"\['R'\], expected \['S\(1\)'\]"):
+        _redistribute(ranks, "replicate_claimed", _redistribution("S0", "S1", "uneven"))
+    _redistribute(ranks, "replicate_claimed", _redistribution("S1", "R", "uneven"))

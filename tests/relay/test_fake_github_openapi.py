@@ -1,0 +1,37 @@
+"""The fake GitHub checks request bodies against GitHub's published REST description
+(relay/testing/github_openapi.py): what GitHub would refuse is answered 422 and recorded."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from relay.testing import FakeGitHub
+from relay.testing.github_openapi import default_description
+
+pytestmark = pytest.mark.skipif(
+    default_description() is None,
+    reason="GitHub's REST description is not installed: npm install --prefix .octokit @octokit/openapi (.ci/run does)",
+)
+
+
+def test_bodies_off_the_description_are_refused_and_recorded():
+    with FakeGitHub() as fake:
+        headers = {"Authorization": "token test-token"}
+        good = httpx.post(f"{fake.url}/repos/o/r/statuses/{'a' * 40}", headers=headers,
+                          json={"state": "success", "context": "crcr/x", "description": None})
+        assert good.status_code == 201
+        bad = httpx.post(f"{fake.url}/repos/o/r/statuses/{'a' * 40}", headers=headers,
+                         json={"state": "success", "context": 7})
+        assert bad.status_code == 422 and "context: 7 is not of type 'string'" in bad.json()["message"]
+        dispatch = httpx.post(f"{fake.url}/repos/o/r/dispatches", headers=headers,
+                              json={"event_type": "push", "client_payload": {f"k{i}": i for i in range(11)}})
+        assert dispatch.status_code == 422 and "No more than 10 properties" in dispatch.json()["message"]
+        assert [(m, p) for m, p, _ in fake.schema_violations] == [
+            ("POST", f"/repos/o/r/statuses/{'a' * 40}"), ("POST", "/repos/o/r/dispatches")]
+        assert len(fake.statuses) == 1  # the refused status was not recorded as created
+
+
+def test_off_switch():
+    with FakeGitHub(check_bodies=False) as fake:
+        assert fake.openapi is None
