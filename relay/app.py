@@ -26,7 +26,7 @@ from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.request_body import BodyBudget
 from relay.settings import Settings
-from relay.store import Store
+from relay.store import Store, StoreUnavailable
 from relay.trust import load_allowlist
 
 __all__ = ["create_app"]
@@ -79,6 +79,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     app.state.callbacks = app.state.results.callbacks
     app.add_exception_handler(intake.WebhookRejected, intake.rejection_handler)
     app.add_exception_handler(callbacks.CallbackRejected, callbacks.rejection_handler)
+    app.add_exception_handler(StoreUnavailable, observability.store_unavailable_handler)
 
     app.include_router(intake.router)
     app.include_router(observability.router)

@@ -109,6 +109,10 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600), registry=self.registry,
         )
         self.sent = Counter("relay_dispatches_sent", "dispatches delivered (204)", registry=self.registry)
+        self.claims = Counter(
+            "relay_dispatch_claims", "outbox claims by the dispatcher loop, by result (rows or empty)", ["result"],
+            registry=self.registry,
+        )
         self.retries = Counter("relay_dispatch_retries", "dispatches rescheduled, by reason", ["reason"], registry=self.registry)
         self.failures = Counter("relay_dispatch_failures", "dispatches given up, by reason", ["reason"], registry=self.registry)
         if store is not None:
@@ -116,6 +120,11 @@ class Metrics:
 
 
 router = APIRouter(tags=["observability"])
+
+
+def store_unavailable_handler(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+    """Any route (the dashboard's included) whose store call failed or ran past the deadline: 503, not 500."""
+    return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
 
 
 @router.get("/healthz")

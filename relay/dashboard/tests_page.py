@@ -1,9 +1,10 @@
 """Test pages: one conformance test's history across backends (``/tests/{test_id}``), and the list of
 tests failing now on each backend with the upstream commit they started failing at (``/failing``).
 
-Reads test results; writes nothing. "Failing since": walking a backend's results for a test oldest
-first, a streak of failed/error/xpassed results ends at a pass; the first commit of the streak still
-open at the newest result is where it started.
+Reads test results; writes nothing. "Failing since": walking a backend's results for a test newest
+first, the streak of failed/error/xpassed results ends at a pass; its oldest commit is where it
+started. Every read is bounded (a page of tests, 50 results per streak) and served from indexes, so no
+window or report size makes a page expensive.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
 from relay.store.base import utcnow
-from relay.store.per_test_results import FAILING_OUTCOMES
-
 router = APIRouter()
+
+PAGE = 100  # tests failing now per page
+MAX_PAGE = 500
+STREAK_LIMIT = 50  # results walked back per test for its streak
 
 
 class HistoryItem(BaseModel):
@@ -64,29 +69,41 @@ def build_test(ctx: DashboardContext, test_id: str, limit: int) -> TestPage:
     ])
 
 
-def failing_now(ctx: DashboardContext, days: int, backend: str | None = None) -> list[FailingNow]:
-    streaks: dict[tuple[str, str], list] = {}
-    for res in ctx.store.test_results_since(utcnow() - dt.timedelta(days=days), backend):
-        if res.backend not in ctx.backends or res.outcome in ("skipped", "xfailed"):
-            continue
-        key = (res.backend, res.test_id)
-        if res.outcome in FAILING_OUTCOMES:
-            streaks.setdefault(key, []).append(res)
-        else:
-            streaks.pop(key, None)
-    out = [
-        FailingNow(backend=b, test_id=t, since_sha=s[0].head_sha, since_pr=s[0].pr_number, since=iso(s[0].recorded_at),
-                   last_run=s[-1].run_pk, failures_in_a_row=len(s), message=s[-1].message)
-        for (b, t), s in streaks.items()
-    ]
-    return sorted(out, key=lambda f: (f.backend, f.test_id))
+def failing_now(ctx: DashboardContext, days: int, backend: str | None = None, *, limit: int = PAGE,
+                after: tuple[str, str] | None = None) -> tuple[list[FailingNow], tuple[str, str] | None]:
+    """A page of tests failing now (allowlisted backends only) and the cursor of the next page."""
+    streaks, cursor = ctx.store.failing_tests(since=utcnow() - dt.timedelta(days=days), backend=backend,
+                                              after=after, limit=limit, streak_limit=STREAK_LIMIT)
+    return [
+        FailingNow(backend=s.backend, test_id=s.test_id, since_sha=s.first.head_sha, since_pr=s.first.pr_number,
+                   since=iso(s.first.recorded_at), last_run=s.last.run_pk, failures_in_a_row=s.failures_in_a_row,
+                   message=s.last.message)
+        for s in streaks if s.backend in ctx.backends
+    ], cursor
+
+
+def _next_link(request: Request, cursor: tuple[str, str] | None) -> str | None:
+    if cursor is None:
+        return None
+    return str(request.url.include_query_params(after_backend=cursor[0], after_test=cursor[1]))
 
 
 @router.get("/api/tests/failing", response_model=list[FailingNow], tags=["dashboard API"])
-def failing_api(ctx: Annotated[DashboardContext, Depends(context)], days: int = Query(30, ge=1, le=365),
-                backend: str | None = Query(None, max_length=100)) -> list[FailingNow]:
-    """Tests failing now, per backend, with the upstream commit (and PR) each started failing at."""
-    return failing_now(ctx, days, backend)
+def failing_api(request: Request, response: Response, ctx: Annotated[DashboardContext, Depends(context)],
+                days: int = Query(30, ge=1, le=365), backend: str | None = Query(None, max_length=100),
+                limit: int = Query(PAGE, ge=1, le=MAX_PAGE),
+                after_backend: str | None = Query(None, max_length=100, description="cursor: from the previous page's Link"),
+                after_test: str | None = Query(None, max_length=500)) -> list[FailingNow]:
+    """Tests failing now, per backend, with the upstream commit (and PR) each started failing at.
+
+    Paginated in (backend, test id) order: when there is more, the ``Link`` header holds the next page
+    (``rel="next"``). A streak longer than 50 results is counted as 50."""
+    after = (after_backend, after_test or "") if after_backend is not None else None
+    page, cursor = failing_now(ctx, days, backend, limit=limit, after=after)
+    link = _next_link(request, cursor)
+    if link:
+        response.headers["Link"] = f'<{link}>; rel="next"'
+    return page
 
 
 @router.get("/api/tests/{test_id:path}", response_model=TestPage, tags=["dashboard API"],
@@ -99,7 +116,9 @@ def test_api(test_id: str, ctx: Annotated[DashboardContext, Depends(context)],
 
 @router.get("/failing", response_class=HTMLResponse, include_in_schema=False)
 def failing_page(request: Request, ctx: Annotated[DashboardContext, Depends(context)]) -> HTMLResponse:
-    return render("failing.html", failing=failing_now(ctx, 30), title="Failing tests")
+    failing, cursor = failing_now(ctx, 30)
+    more = None if cursor is None else f"/api/tests/failing?after_backend={quote(cursor[0])}&after_test={quote(cursor[1])}"
+    return render("failing.html", failing=failing, more=more, title="Failing tests")
 
 
 @router.get("/tests/{test_id:path}", response_class=HTMLResponse, include_in_schema=False)

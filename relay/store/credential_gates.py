@@ -13,12 +13,12 @@ import dataclasses
 import datetime as dt
 import sys
 
-from sqlalchemy import Boolean, DateTime, Float, String, Text, select
+from sqlalchemy import Boolean, DateTime, Float, String, Text, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
 
-__all__ = ["CredentialGateRow", "GateView", "allowances", "rest", "resume", "take", "views"]
+__all__ = ["CredentialGateRow", "GateView", "allowances", "next_rest_end", "rest", "resume", "take", "views"]
 
 
 class CredentialGateRow(Base):
@@ -106,6 +106,10 @@ def rest(session: Session, credential: str, until: dt.datetime, now: dt.datetime
         row.resting_until = until
     if paused:
         row.paused, row.reason = True, reason
+
+
+def next_rest_end(session: Session, now: dt.datetime) -> dt.datetime | None:
+    return session.scalar(select(func.min(CredentialGateRow.resting_until)).where(CredentialGateRow.resting_until > now))
 
 
 def resume(session: Session, credential: str) -> None:

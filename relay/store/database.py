@@ -30,9 +30,11 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 
-__all__ = ["MIGRATIONS_DIR", "create_store_engine", "normalise_url", "run_migrations"]
+__all__ = ["MIGRATIONS_DIR", "READ_ONLY", "create_store_engine", "normalise_url", "run_migrations"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# Execution option marking a read-only transaction (``Store._reading``).
+READ_ONLY = "relay_read_only"
 # Any constant works; it only has to be the same in every relay process.
 _MIGRATION_LOCK_ID = 0x72656C6179  # "relay"
 
@@ -104,7 +106,10 @@ def _tune_sqlite(engine: Engine, deadline_seconds: float) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection):
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Reads (see READ_ONLY) begin deferred: in WAL mode a reader takes no write lock and never
+        # waits for a writer, so the dashboard can neither block intake nor be blocked by it.
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def run_migrations(engine: Engine) -> None:

@@ -243,9 +243,15 @@ def depth(session: Session) -> dict[str, int]:
     return counts
 
 
-def next_due_at(session: Session) -> dt.datetime | None:
-    queued = session.scalar(select(func.min(Dispatch.next_attempt_at)).where(Dispatch.state == DispatchState.queued))
-    leased = session.scalar(select(func.min(Dispatch.claimed_until)).where(Dispatch.state == DispatchState.sending))
+def next_due_at(session: Session, now: dt.datetime) -> dt.datetime | None:
+    """When the next row comes due by itself: a retry's time or a lease's end still ahead of ``now``.
+
+    Rows already due are left out: if one was not claimed, its backend is busy or its credential rests,
+    and what ends that (a finished send, the rest's end) is waited for on its own."""
+    queued = session.scalar(select(func.min(Dispatch.next_attempt_at)).where(
+        Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at > now))
+    leased = session.scalar(select(func.min(Dispatch.claimed_until)).where(
+        Dispatch.state == DispatchState.sending, Dispatch.claimed_until > now))
     candidates = [t for t in (queued, leased) if t is not None]
     return min(candidates) if candidates else None
 

@@ -12,17 +12,18 @@ import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, insert, select
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, and_, insert, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
 from relay.store.runs import RunRow
 
-__all__ = ["FAILING_OUTCOMES", "NewTestResult", "TestResultRow", "TestResultView", "test_id_of"]
+__all__ = ["FAILING_OUTCOMES", "FailingStreak", "NewTestResult", "TestResultRow", "TestResultView", "test_id_of"]
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
 MESSAGE_MAX_CHARS = 4000
 FAILING_OUTCOMES = ("failed", "error", "xpassed")
+_NOT_COUNTED = ("skipped", "xfailed")  # say nothing about whether a test works
 
 
 class TestResultRow(Base):
@@ -30,6 +31,8 @@ class TestResultRow(Base):
     __table_args__ = (
         Index("ix_test_results_test_backend", "test_id", "backend"),
         Index("ix_test_results_run", "run_pk"),
+        # "Failing now" walks the failures of one outcome in (backend, test) order from a cursor.
+        Index("ix_test_results_outcome_backend_test", "outcome", "backend", "test_id", "recorded_at"),
     )
 
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
@@ -131,9 +134,58 @@ def history(session: Session, test_id: str, limit: int) -> list[TestResultView]:
     return _views(session, stmt)
 
 
-def since(session: Session, when: dt.datetime, backend: str | None = None) -> list[TestResultView]:
-    """Every result recorded after ``when``, oldest first (for streak analysis)."""
-    stmt = _with_pr_number().where(TestResultRow.recorded_at >= when)
-    if backend is not None:
-        stmt = stmt.where(TestResultRow.backend == backend)
-    return _views(session, stmt.order_by(TestResultRow.recorded_at, TestResultRow.id))
+@dataclasses.dataclass(frozen=True)
+class FailingStreak:
+    """A test whose newest counted result on a backend fails: the streak of failures up to now."""
+
+    backend: str
+    test_id: str
+    first: TestResultView  # where the streak started (within the window and the walk's bound)
+    last: TestResultView
+    failures_in_a_row: int
+
+
+def failing_now(
+    session: Session, *, since: dt.datetime, backend: str | None, after: tuple[str, str] | None, limit: int,
+    streak_limit: int,
+) -> tuple[list[FailingStreak], tuple[str, str] | None]:
+    """Tests failing now, in (backend, test id) order after the cursor ``after``: at most ``limit``
+    streaks, and the cursor of the next page (None at the end).
+
+    Bounded whatever the number of results: at most ``2 * limit`` candidates are looked at (each
+    outcome's failures read in index order from the cursor), and each candidate's newest
+    ``streak_limit`` counted results (a longer streak is reported as ``streak_limit`` in a row).
+    """
+    scan = 2 * limit
+    keys: set[tuple[str, str]] = set()
+    for outcome in FAILING_OUTCOMES:
+        stmt = select(TestResultRow.backend, TestResultRow.test_id).where(
+            TestResultRow.outcome == outcome, TestResultRow.recorded_at >= since)
+        if backend is not None:
+            stmt = stmt.where(TestResultRow.backend == backend)
+        if after is not None:
+            stmt = stmt.where(or_(TestResultRow.backend > after[0],
+                                  and_(TestResultRow.backend == after[0], TestResultRow.test_id > after[1])))
+        stmt = stmt.group_by(TestResultRow.backend, TestResultRow.test_id).order_by(
+            TestResultRow.backend, TestResultRow.test_id).limit(scan)
+        keys.update((b, t) for b, t in session.execute(stmt))
+    candidates = sorted(keys)[:scan]
+    streaks: list[FailingStreak] = []
+    last_key: tuple[str, str] | None = None
+    for key in candidates:
+        if len(streaks) >= limit:
+            break
+        last_key = key
+        newest = _views(session, _with_pr_number().where(
+            TestResultRow.backend == key[0], TestResultRow.test_id == key[1], TestResultRow.recorded_at >= since,
+            TestResultRow.outcome.not_in(_NOT_COUNTED),
+        ).order_by(TestResultRow.recorded_at.desc(), TestResultRow.id.desc()).limit(streak_limit))
+        streak = []
+        for result in newest:
+            if result.outcome not in FAILING_OUTCOMES:
+                break
+            streak.append(result)
+        if streak:
+            streaks.append(FailingStreak(key[0], key[1], first=streak[-1], last=streak[0], failures_in_a_row=len(streak)))
+    more = len(streaks) >= limit or len(keys) >= scan
+    return streaks, (last_key if more and last_key is not None else None)

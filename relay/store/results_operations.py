@@ -59,7 +59,7 @@ class ResultsOperations:
     # --- callbacks ------------------------------------------------------------------------------
     @guarded
     def find_nonce(self, nonce: str) -> callback_nonces.NonceTarget | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return callback_nonces.find(session, nonce)
 
     @guarded
@@ -120,40 +120,45 @@ class ResultsOperations:
     # --- reading runs ---------------------------------------------------------------------------
     @guarded
     def run(self, run_pk: int) -> runs.RunView | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return runs.get(session, run_pk)
 
     @guarded
     def runs(self, **filters: Any) -> list[runs.RunView]:
         """runs(backend=, pr_number=, upstream_repository=, head_sha=, since=, until=, states=, limit=, newest_first=)."""
-        with self._transaction() as session:
+        with self._reading() as session:
             return runs.query(session, **filters)
 
     @guarded
     def test_results(self, run_pks: Sequence[int], outcomes: Sequence[str] | None = None) -> list[per_test_results.TestResultView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return per_test_results.for_runs(session, run_pks, outcomes)
 
     @guarded
     def test_history(self, test_id: str, limit: int = 200) -> list[per_test_results.TestResultView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return per_test_results.history(session, test_id, limit)
 
     @guarded
-    def test_results_since(self, when: dt.datetime, backend: str | None = None) -> list[per_test_results.TestResultView]:
-        with self._transaction() as session:
-            return per_test_results.since(session, when, backend)
+    def failing_tests(
+        self, *, since: dt.datetime, backend: str | None = None, after: tuple[str, str] | None = None,
+        limit: int = 100, streak_limit: int = 50,
+    ) -> tuple[list[per_test_results.FailingStreak], tuple[str, str] | None]:
+        """A page of tests failing now and the next page's cursor (see ``per_test_results.failing_now``)."""
+        with self._reading() as session:
+            return per_test_results.failing_now(session, since=since, backend=backend, after=after, limit=limit,
+                                                streak_limit=streak_limit)
 
     @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             row = session.get(dispatches.Dispatch, dispatch_id)
             return None if row is None else dict(row.client_payload)
 
     # --- pull requests (read) -------------------------------------------------------------------
     @guarded
     def pull_request(self, repository: str, number: int) -> PullRequestSnapshot | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             row = session.get(PullRequest, (repository, number))
             if row is None:
                 return None
@@ -165,12 +170,12 @@ class ResultsOperations:
     # --- reporting ------------------------------------------------------------------------------
     @guarded
     def reported_state(self, run_pk: int, target: str) -> reported_states.ReportedState | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return reported_states.get(session, run_pk, target)
 
     @guarded
     def reported_states(self, run_pks: Sequence[int]) -> list[reported_states.ReportedState]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return reported_states.for_runs(session, list(run_pks))
 
     @guarded
@@ -199,12 +204,12 @@ class ResultsOperations:
 
     @guarded
     def quarantined(self, limit: int = 100) -> list[quarantine.QuarantineView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return quarantine.list_views(session, limit)
 
     @guarded
     def quarantine_counts(self) -> dict[str, int]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return quarantine.counts(session)
 
     @guarded
@@ -250,5 +255,5 @@ class ResultsOperations:
 
     @guarded
     def rerun_request(self, delivery_id: str) -> rerun_requests.RerunRequestView | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return rerun_requests.get_view(session, delivery_id)

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.store import backends, credential_gates, deliveries, dispatches, probes, pull_requests, quarantine, runs
 from relay.store.base import utcnow
-from relay.store.database import create_store_engine, normalise_url, run_migrations
+from relay.store.database import READ_ONLY, create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
 from relay.store.group_commit import GroupCommitter, WriterClosed
 from relay.store.results_operations import ResultsOperations
@@ -56,6 +56,7 @@ class Store(ResultsOperations):
         self.safe_url = normalise_url(url).render_as_string(hide_password=True)
         self.dialect = self.engine.dialect.name
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
         # SQLite has one writer at a time and every transaction here takes the write lock (BEGIN
         # IMMEDIATE); queueing the threads of this process on a lock is fair and prompt, where SQLite's
         # busy handler sleeps and retries (tens of ms per wait under load).
@@ -86,6 +87,14 @@ class Store(ResultsOperations):
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
         with self._write_lock(), self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        """A read-only transaction: without this process's write lock and, on SQLite, begun deferred
+        (see ``database``), so reads (the dashboard, /metrics) never hold up a write; bounded in time by
+        the engine's timeouts like every statement."""
+        with self._read_sessions() as session, session.begin():
             yield session
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -198,12 +207,12 @@ class Store(ResultsOperations):
 
     @guarded
     def delivery(self, delivery_id: str) -> deliveries.DeliveryView | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return deliveries.get(session, delivery_id)
 
     @guarded
     def pull_request_labels(self, repository: str, number: int) -> tuple[str, ...] | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return pull_requests.labels(session, repository, number)
 
     # --- dispatch -------------------------------------------------------------------------------
@@ -251,7 +260,7 @@ class Store(ResultsOperations):
     @guarded
     def credential_allowances(self, credentials: Collection[str], *, per_minute: float) -> dict[str, int]:
         """Calls each credential may make now (0 while it rests or is paused)."""
-        with self._transaction() as session:
+        with self._reading() as session:
             return credential_gates.allowances(session, sorted(credentials), utcnow(), *self._bucket(per_minute))
 
     @guarded
@@ -276,23 +285,25 @@ class Store(ResultsOperations):
 
     @guarded
     def credential_gates(self) -> list[credential_gates.GateView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return credential_gates.views(session)
 
     @guarded
     def seconds_until_next_due(self) -> float | None:
-        with self._transaction() as session:
-            due = dispatches.next_due_at(session)
-        return None if due is None else max(0.0, (due - utcnow()).total_seconds())
+        """Seconds until a row comes due by itself or a credential's rest ends (None: nothing will)."""
+        now = utcnow()
+        with self._reading() as session:
+            times = [t for t in (dispatches.next_due_at(session, now), credential_gates.next_rest_end(session, now)) if t]
+        return None if not times else max(0.0, (min(times) - now).total_seconds())
 
     @guarded
     def outbox_depth(self) -> dict[str, int]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return dispatches.depth(session)
 
     @guarded
     def dispatches(self, delivery_id: str | None = None) -> list[dispatches.DispatchView]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return dispatches.list_views(session, delivery_id)
 
     # --- backends -------------------------------------------------------------------------------
@@ -304,5 +315,5 @@ class Store(ResultsOperations):
 
     @guarded
     def backends(self) -> list[backends.BackendRecord]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return backends.all_records(session)

@@ -238,3 +238,19 @@ def test_claims_stop_at_what_the_credential_may_send(database_url, fake_github):
         assert all(d.last_error is None for d in store.dispatches())  # nothing was put back
     finally:
         store.close()
+
+
+def test_no_claims_spin_while_every_due_row_waits_for_a_resting_credential(relay_factory, database_url, one_backend, wait):
+    relay = relay_factory(database_url, dispatch_poll_seconds=1.0)
+    relay.fake.script(Fault.rate_limited(retry_after=3))
+    for index in range(4):
+        relay.post("push", push_payload(after=f"{index}" * 40))
+    wait(lambda: any(r.answered == 429 for r in relay.fake.requests), what="the 429")
+    claims = relay.app.state.metrics.claims
+    before = claims.labels("empty")._value.get()
+    relay.wait_settled()
+    # While the token rests (3 s), rows are due but none may be sent: the loop waits for the rest to end,
+    # a wake or its 1 s poll (about 3 + one per wake), instead of claiming again and again for nothing.
+    empty_claims = claims.labels("empty")._value.get() - before
+    assert empty_claims <= 7, empty_claims
+    assert [r.state for r in relay.store.dispatches()] == ["sent"] * 4
