@@ -8,7 +8,8 @@ Servers, each a separate process on the same uvicorn settings, in the same run:
 * ``sqlite-unpaced``: the same with pacing off, so the dispatcher sends 4 dispatches per webhook to the
   fake GitHub as fast as it can, in the same process (a stress case GitHub itself would refuse);
 * ``relay-postgresql``: ``relay serve`` on PostgreSQL ($RELAY_TEST_POSTGRES_URL; skipped if unreachable).
-Every request carries a ~25 KB pull_request body with a new delivery id, so the relay verifies, parses,
+Every request carries a ~25 KB pull_request body of its own (a sequence number) with a new delivery id,
+so the relay verifies, parses,
 routes to 4 backends and durably commits 1 delivery + 4 outbox rows per request before answering.
 Reports throughput, p50/p99 latency and the server's CPU time per request (Linux: from /proc; it is
 less sensitive than throughput to other load on the machine) per server.
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import subprocess
@@ -68,7 +70,14 @@ def _body() -> bytes:
                    "pull_request": {"number": 1, "state": "open", "labels": [], "updated_at": "2024-01-01T00:00:00Z",
                                     "head": {"sha": "a" * 40, "ref": "f"}, "base": {"sha": "b" * 40, "ref": "main"},
                                     "body": "x" * 27000}}
+    # A sequence number per request (see _load): the relay answers an identical signed body under a
+    # new delivery id as a replay ("duplicate"), so every request must carry a body of its own.
+    payload["bench_seq"] = _SEQ_PLACEHOLDER
     return json.dumps(payload).encode()
+
+
+_SEQ_PLACEHOLDER = "BENCHSEQ0000"  # 12 characters, found nowhere else in the body
+_SEQUENCE = itertools.count()  # one for the process: warm-up and measured runs never repeat a body
 
 
 def _free_port() -> int:
@@ -102,7 +111,7 @@ async def _load(port: int, body: bytes, seconds: float, clients: int) -> tuple[l
     A general-purpose client (httpx) costs more CPU per request than the bare endpoint does, and on a
     2-core machine it would measure itself; writing the request bytes directly keeps the load generator cheap.
     """
-    signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    before, after = body.split(_SEQ_PLACEHOLDER.encode(), 1)
     latencies: list[float] = []
     errors = 0
     stop_at = time.perf_counter() + seconds
@@ -112,13 +121,15 @@ async def _load(port: int, body: bytes, seconds: float, clients: int) -> tuple[l
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             while time.perf_counter() < stop_at:
+                unique = before + f"{next(_SEQUENCE):012d}".encode() + after  # same size as the template
+                signature = "sha256=" + hmac.new(SECRET.encode(), unique, hashlib.sha256).hexdigest()
                 head = (
                     f"POST /github/webhook HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-GitHub-Event: pull_request\r\n"
                     f"X-GitHub-Delivery: {uuid.uuid4()}\r\nX-Hub-Signature-256: {signature}\r\n"
                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                 ).encode()
                 start = time.perf_counter()
-                writer.write(head + body)
+                writer.write(head + unique)
                 await writer.drain()
                 status_line = await reader.readline()
                 length = 0

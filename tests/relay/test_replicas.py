@@ -77,3 +77,21 @@ def test_two_relays_share_a_credentials_rate_limit_rest(postgres_url, fake_githu
     # that may arrive is the other backend's, already on its way when the 429 came back.
     assert len(during_rest) <= 1, [(r.repository, r.arrived_at - limited.received_at) for r in during_rest]
     assert len([r for r in calls if r.answered == 204]) == 12
+
+
+def test_two_relays_share_a_credentials_pacing_budget(postgres_url, fake_github, tmp_path):
+    folder = tmp_path / "budget-backends"
+    folder.mkdir()
+    for name in ("p", "q", "r", "s"):
+        write_backend(folder, name, f"org/{name}-ci", "L1")
+    # A bucket of 6 calls, refilled at one per 10 s: both processes together may make 6 calls now.
+    relays = _two_relays(postgres_url, fake_github, folder, tmp_path, RELAY_GITHUB_CONTENT_REQUESTS_PER_MINUTE="6")
+    try:
+        _post_alternately(relays, 6, "budget")  # 24 rows, 12 in each process's reach
+        wait_until(lambda: len(fake_github.dispatches()) >= 6, timeout=30, what="the first 6 calls")
+        time.sleep(1.5)  # far below the 10 s the bucket needs for one more call: any further call is a second budget
+        sent = len(fake_github.dispatches())
+    finally:
+        for relay in relays:
+            relay.stop()
+    assert sent == 6

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay.store import PullRequestSnapshot, Store, StoreUnavailable
+from relay.store import PullRequestSnapshot, StoreUnavailable
 from relay.store.errors import StoreRefused
 from tests.relay import private_postgres
 from tests.relay.conftest import wait_until
