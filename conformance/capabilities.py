@@ -9,7 +9,8 @@ skip reason of every test that needs it.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from conformance.descriptors import CAPABILITIES, BackendDescriptor
 
@@ -23,12 +24,44 @@ class Probe:
     reason: str = ""
 
 
+class _LazyProbes(Mapping):
+    """``{capability: Probe}``, each probe run the first time it is read: a run probes only what its
+    selected tests need (``dtensor`` and ``compile`` import seconds of torch that a collectives run
+    never uses)."""
+
+    def __init__(self, descriptor: BackendDescriptor):
+        self._descriptor = descriptor
+        self._done: dict[str, Probe] = {}
+
+    def __getitem__(self, capability: str) -> Probe:
+        if capability not in self._done:
+            if capability not in _PROBES:
+                raise KeyError(capability)
+            self._done[capability] = _PROBES[capability](self._descriptor, self)
+        return self._done[capability]
+
+    def __iter__(self):
+        return iter(CAPABILITIES)
+
+    def __len__(self) -> int:
+        return len(CAPABILITIES)
+
+    @property
+    def probed(self) -> list[str]:
+        """The capabilities probed so far, in the canonical order."""
+        return [c for c in CAPABILITIES if c in self._done]
+
+
 @dataclass
 class CapabilityReport:
-    """Declared and probed capabilities of one backend on this machine."""
+    """Declared and probed capabilities of one backend on this machine (probed lazily, once each)."""
 
     descriptor: BackendDescriptor
-    probes: dict[str, Probe] = field(default_factory=dict)
+    probes: Mapping[str, Probe] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.probes is None:
+            self.probes = _LazyProbes(self.descriptor)
 
     def usable(self, capability: str) -> tuple[bool, str]:
         """(True, "") when declared and probed; else (False, why) naming the descriptor or the probe."""
@@ -42,10 +75,12 @@ class CapabilityReport:
             return False, f"{capability} unavailable on {self.descriptor.name}: {probe.reason}"
         return True, ""
 
-    def mismatches(self) -> list[str]:
-        """One line per capability whose declaration and probe disagree."""
+    def mismatches(self, probed_only: bool = False) -> list[str]:
+        """One line per capability whose declaration and probe disagree (``probed_only``: among those
+        probed so far, probing nothing more)."""
         lines = []
-        for name in CAPABILITIES:
+        names = getattr(self.probes, "probed", CAPABILITIES) if probed_only else CAPABILITIES
+        for name in names:
             declared, probe = self.descriptor.declares(name), self.probes[name]
             if declared and not probe.available:
                 lines.append(f"{name}: declared true but the probe fails: {probe.reason}")
@@ -111,7 +146,8 @@ def _probe_aot_compile(d: BackendDescriptor, compile_probe: Probe) -> Probe:
         return Probe("aot_compile", False, f"needs compile: {compile_probe.reason}")
     if not hasattr(torch.compiler, "load_compiled_function"):
         return Probe("aot_compile", False, "torch.compiler.load_compiled_function is missing in this torch")
-    if not hasattr(torch.compile(lambda x: x), "aot_compile"):
+    # The eager backend: the attribute is the same, and Inductor (seconds to import) stays unloaded.
+    if not hasattr(torch.compile(lambda x: x, backend="eager"), "aot_compile"):
         return Probe("aot_compile", False, "torch.compile(...) has no aot_compile in this torch")
     return Probe("aot_compile", True)
 
@@ -163,19 +199,17 @@ def _probe_bf16(d: BackendDescriptor) -> Probe:
     return Probe("bf16", True)
 
 
+_PROBES = {
+    "collectives": lambda d, probes: _probe_collectives(d),
+    "dtensor": lambda d, probes: _probe_dtensor(d),
+    "compile": lambda d, probes: _probe_compile(d),
+    "aot_compile": lambda d, probes: _probe_aot_compile(d, probes["compile"]),
+    "symmetric_memory": lambda d, probes: _probe_symmetric_memory(d),
+    "put_signal": lambda d, probes: _probe_put_signal(d, probes["symmetric_memory"]),
+    "bf16": lambda d, probes: _probe_bf16(d),
+}
+
+
 def probe_capabilities(descriptor: BackendDescriptor) -> CapabilityReport:
-    """probe_capabilities(descriptor) -> CapabilityReport: run every probe in this process."""
-    report = CapabilityReport(descriptor)
-    compile_probe = _probe_compile(descriptor)
-    symm = _probe_symmetric_memory(descriptor)
-    for probe in (
-        _probe_collectives(descriptor),
-        _probe_dtensor(descriptor),
-        compile_probe,
-        _probe_aot_compile(descriptor, compile_probe),
-        symm,
-        _probe_put_signal(descriptor, symm),
-        _probe_bf16(descriptor),
-    ):
-        report.probes[probe.capability] = probe
-    return report
+    """probe_capabilities(descriptor) -> CapabilityReport whose probes run in this process when first read."""
+    return CapabilityReport(descriptor)

@@ -55,6 +55,19 @@ def format_table(report) -> str:
     return "\n".join(lines)
 
 
+def rank_lines(report) -> list[str]:
+    """Under a launcher: each test that did not pass on every rank, with every rank's outcome and node."""
+    lines = []
+    for test in report.tests:
+        outcomes = {r.outcome for r in test.ranks}
+        if not test.ranks or outcomes <= {"passed"} or (len(outcomes) == 1 and test.outcome in ("skipped", "xfailed")):
+            continue
+        lines.append(f"  {test.nodeid}: " + "; ".join(f"rank {r.rank} ({r.node}) {r.outcome}" for r in test.ranks))
+    if lines:
+        lines.insert(0, "per rank (launcher world):")
+    return lines
+
+
 def lack_of_ranks(report) -> str | None:
     """A line saying how many tests were skipped for lack of ranks and how to run them, or None.
 
@@ -73,14 +86,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from conformance.report import load_report
 
+    from conformance.ranks.launcher import LauncherWorld
+
+    world = LauncherWorld.from_env()
+    follower = world is not None and world.rank != 0  # under torchrun only rank 0 reports
+    if world is not None and any(a in ("-n", "--numprocesses") or a.startswith("-n") for a in args.pytest_args):
+        raise SystemExit("conformance: under torchrun every launcher process is one rank running the whole "
+                         "session; pytest-xdist (-n) cannot be combined with it")
     with tempfile.TemporaryDirectory(prefix="conformance-run-") as tmp:
         report_path = args.report or str(Path(tmp) / "report.json")
         pytest_args = _suite_paths(args.suite) + _common_pytest_args(args)
-        pytest_args += ["--conformance-report", report_path, "-rfEX"]
-        if args.junit:
-            pytest_args += ["--junitxml", args.junit]
+        pytest_args += ["--conformance-report", report_path]
+        if follower:
+            pytest_args += ["-p", "no:terminal"]  # rank 0 prints the run, every rank's outcome included
+        else:
+            pytest_args += ["-rfEX"] + (["--junitxml", args.junit] if args.junit else [])
         pytest_args += args.pytest_args
         code = int(pytest.main(pytest_args))
+        if follower:
+            return code
         if not Path(report_path).exists():
             return code or 2
         report = load_report(report_path)
@@ -88,6 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"conformance on {report.backend.name} ({report.backend.distributed_backend}, "
           f"{report.backend.world_size} ranks, torch {report.torch.version}):")
     print(format_table(report))
+    for line in rank_lines(report):
+        print(line)
     short = lack_of_ranks(report)
     if short:
         print(short)

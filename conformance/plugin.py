@@ -62,6 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the backend has them "
                             f"(one of: {', '.join(CAPABILITIES)})")
     config.addinivalue_line("markers", "world_size(n): run this test on a pool of exactly n ranks")
+    config.addinivalue_line("markers", "min_ranks(n): skip unless the run has at least n ranks")
     config.stash[SESSION_KEY] = None
     config.pluginmanager.register(ConformanceRun(config), "conformance-run")
     # Inductor's first use of a fresh cache directory costs ~10 s of CPU probing: share one per run.
@@ -97,6 +98,7 @@ def _is_conformance_item(item: pytest.Item) -> bool:
     return ("ranks" in getattr(item, "fixturenames", ())
             or item.get_closest_marker("requires") is not None
             or item.get_closest_marker("world_size") is not None
+            or item.get_closest_marker("min_ranks") is not None
             or SUITES_DIR in item.path.parents)
 
 
@@ -138,18 +140,37 @@ def required_world_size(item: pytest.Item) -> int | None:
     return marker.args[0]
 
 
+def required_min_ranks(item: pytest.Item) -> int | None:
+    marker = item.get_closest_marker("min_ranks")
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1:
+        raise pytest.UsageError(f"{item.nodeid}: @min_ranks takes one positive int, got {marker.args!r}")
+    return marker.args[0]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     conformance_items = [item for item in items if _is_conformance_item(item)]
     if not conformance_items:
         return
     session = _session(config)
+    if not config.getoption("collectonly"):
+        _launch_default_pool(session, conformance_items)
+    for item in conformance_items:
+        _apply_descriptor(session, item)  # probes what these items need, while the ranks boot
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not _is_xdist_worker(config) and not _header_up_front(config):
         for line in session.header_lines():
             reporter.write_line(line)
-    for item in conformance_items:
-        _apply_descriptor(session, item)
+
+
+def _launch_default_pool(session, items: list[pytest.Item]) -> None:
+    """Spawn the default pool's ranks now, without waiting: they import torch and form their group while
+    this process probes capabilities and the first test sets up (the first run call waits for them)."""
+    if any("ranks" in getattr(item, "fixturenames", ()) and required_world_size(item) in (None, session.world_size)
+           for item in items):
+        session.pool(session.world_size).launch()
 
 
 def _apply_descriptor(session, item: pytest.Item) -> None:
@@ -159,6 +180,17 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
             item.add_marker(pytest.mark.skip(reason=f"requires {capability}: {why}"))
             return
     needed = required_world_size(item)
+    if needed is not None and session.launcher is not None and needed != session.world_size:
+        item.add_marker(pytest.mark.skip(
+            reason=f"needs exactly {needed} ranks; the launcher's world has {session.world_size} and cannot be "
+                   f"resized within a run (relaunch with --nnodes x --nproc-per-node = {needed})"))
+        return
+    at_least = required_min_ranks(item)
+    if at_least is not None and session.world_size < at_least:
+        item.add_marker(pytest.mark.skip(
+            reason=f"needs at least {at_least} ranks; this run has {session.world_size} "
+                   f"(--world-size {at_least}{' and the devices' if session.descriptor.device_type != 'cpu' else ''})"))
+        return
     if needed is not None and needed > session.available_ranks:
         item.add_marker(pytest.mark.skip(
             reason=f"needs {needed} ranks; {session.descriptor.name} run has {session.available_ranks} "
@@ -186,9 +218,12 @@ class Ranks:
 
     def run(self, fn, *args, **kwargs) -> list:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; results in rank order."""
-        return self._pool.run(fn, *args, **kwargs)
+        return self.run_with_timeout(self._pool.timeout, fn, *args, **kwargs)
 
     def run_with_timeout(self, timeout: float, fn, *args, **kwargs) -> list:
+        lost = getattr(self._pool, "lost", None)
+        if lost:  # a launcher's world that lost a process: nothing can run until it is relaunched
+            pytest.skip(lost)
         return self._pool.run_with_timeout(timeout, fn, *args, **kwargs)
 
     @property
@@ -269,7 +304,7 @@ class ConformanceRun:
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         session = config.stash.get(SESSION_KEY, None)
         events = (session.events if session else []) + self.worker_events
-        mismatches = session.capabilities.mismatches() if session else []
+        mismatches = session.capabilities.mismatches(probed_only=True) if session else []
         if events or mismatches:
             terminalreporter.section("conformance")
             for line in mismatches:
@@ -288,5 +323,10 @@ class ConformanceRun:
         path = config.getoption("conformance_report")
         if not path or _is_xdist_worker(config):
             return
-        report = _session(config).build_report(self.results(), extra_events=self.worker_events)
+        results = self.results()
+        if state is not None and state.launcher is not None:
+            results = state.gather_results(results)  # every rank's verdicts; None on ranks other than 0
+            if results is None:
+                return
+        report = _session(config).build_report(results, extra_events=self.worker_events)
         write_report(report, path)  # atomic: a cancelled run leaves no half-written report

@@ -24,6 +24,7 @@ __all__ = [
     "CapabilityStatus",
     "ConformanceReport",
     "HostInfo",
+    "RankOutcome",
     "ReportValidationError",
     "Summary",
     "TestResult",
@@ -82,12 +83,23 @@ class Summary(_Model):
     total: int = 0
 
 
+class RankOutcome(_Model):
+    """One rank's verdict on a test, in a run under a launcher (each launcher process runs the session)."""
+
+    rank: int = Field(ge=0)
+    node: str = Field(description="the launcher's node of this rank: 'node <GROUP_RANK> (<host>)'")
+    outcome: Outcome
+    message: str = ""
+
+
 class TestResult(_Model):
     nodeid: str
     suite: str
     outcome: Outcome
     duration: float = Field(ge=0, description="seconds, setup + call + teardown")
     message: str = Field(default="", description="first lines of the failure, skip or xfail reason")
+    ranks: list[RankOutcome] = Field(
+        default_factory=list, description="under a launcher: every rank's outcome and node (outcome is the worst)")
 
 
 class ConformanceReport(_Model):

@@ -10,15 +10,16 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from conformance.capabilities import CapabilityReport, probe_capabilities
-from conformance.descriptors import BackendDescriptor, load_descriptors
+from conformance.descriptors import CAPABILITIES, BackendDescriptor, DescriptorError, load_descriptors
 from conformance.detect import resolve_backend
-from conformance.report import (BackendInfo, CapabilityStatus, ConformanceReport, HostInfo, TestResult,
-                                TorchInfo, summarize)
+from conformance.report import (BackendInfo, CapabilityStatus, ConformanceReport, HostInfo, RankOutcome,
+                                TestResult, TorchInfo, summarize)
 
 __all__ = ["ConformanceSession", "RunOptions"]
 
@@ -71,38 +72,83 @@ class ConformanceSession:
     available_ranks: int
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     pools: dict[int, object] = field(default_factory=dict)
+    extra_events: list[str] = field(default_factory=list)
+
+    launcher: object = None  # a conformance.ranks.launcher.LauncherWorld when started by torchrun
 
     @classmethod
     def create(cls, options: RunOptions) -> "ConformanceSession":
+        from conformance.ranks.launcher import LauncherWorld
+
         descriptors = load_descriptors(options.backends_dir)
         descriptor = resolve_backend(options.backend, descriptors)
         capabilities = probe_capabilities(descriptor)
-        world_size = options.world_size or descriptor.world_size
+        launcher = LauncherWorld.from_env()
+        if launcher is not None:
+            if options.world_size and options.world_size != launcher.world_size:
+                raise WorldSizeError(
+                    f"--world-size {options.world_size} disagrees with the launcher's WORLD_SIZE {launcher.world_size}: "
+                    "under torchrun the world is the launcher's (--nnodes x --nproc-per-node); leave --world-size out")
+            world_size, ranks_here = launcher.world_size, launcher.local_world_size
+        else:
+            world_size = options.world_size or descriptor.world_size
+            ranks_here = world_size
+        check_devices(descriptor, ranks_here, _device_count(descriptor))
         return cls(options=options, descriptor=descriptor, capabilities=capabilities,
-                   world_size=world_size, available_ranks=_available_ranks(descriptor, world_size))
+                   world_size=world_size, available_ranks=world_size, launcher=launcher)
 
     # -- pools ------------------------------------------------------------------------------------
     def pool(self, world_size: int):
         from conformance.ranks import RankPool
+        from conformance.ranks.launcher import LauncherPool
 
         pool = self.pools.get(world_size)
         if pool is None:
             d = self.descriptor
-            pool = RankPool(descriptor=d.name, device_type=d.device_type, backend=d.distributed_backend,
-                            world_size=world_size, setup_modules=d.setup_modules,
-                            timeout=self.options.rank_timeout,
-                            symmetric_memory_backend=d.symmetric_memory_backend)
+            common = dict(descriptor=d.name, device_type=d.device_type, backend=d.distributed_backend,
+                          setup_modules=d.setup_modules, timeout=self.options.rank_timeout,
+                          symmetric_memory_backend=d.symmetric_memory_backend)
+            if self.launcher is not None:
+                if world_size != self.launcher.world_size:
+                    raise ValueError(f"under a launcher the only pool is its world of {self.launcher.world_size} ranks")
+                pool = LauncherPool(world=self.launcher, **common)
+            else:
+                pool = RankPool(world_size=world_size, **common)
             self.pools[world_size] = pool
         return pool
 
     @property
     def events(self) -> list[str]:
-        return [f"{p.world_size} ranks: {e}" for p in self.pools.values() for e in p.events]
+        return [f"{p.world_size} ranks: {e}" for p in self.pools.values() for e in p.events] + self.extra_events
 
     def close(self) -> None:
         """Stop every pool's ranks; the pools (and their events) stay for the report. Idempotent."""
         for pool in self.pools.values():
             pool.close()
+
+    def gather_results(self, mine: list[TestResult], timeout: float = 120.0) -> list[TestResult] | None:
+        """Under a launcher: publish this rank's verdicts; on rank 0, merge every rank's into one result per
+        test (its outcome the worst of the ranks', each rank's outcome and node listed). None elsewhere."""
+        import json
+
+        world = self.launcher
+        pool = self.pools.get(world.world_size)
+        store = pool._store() if pool is not None else world.connect_store(timeout)
+        key = f"conformance/{world.run_key}/report/{{}}"
+        store.set(key.format(world.rank), json.dumps({"node": world.node, "tests": [t.model_dump() for t in mine]}))
+        if world.rank != 0:
+            return None
+        per_rank: dict[int, dict] = {0: {"node": world.node, "tests": mine}}
+        deadline = time.monotonic() + timeout
+        for rank in range(1, world.world_size):
+            while not store.check([key.format(rank)]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if store.check([key.format(rank)]):
+                data = json.loads(store.get(key.format(rank)))
+                per_rank[rank] = {"node": data["node"], "tests": [TestResult(**t) for t in data["tests"]]}
+            else:
+                self.extra_events.append(f"rank {rank} did not report its results within {timeout:g} s")
+        return merge_rank_results(per_rank)
 
     # -- header and report ------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
@@ -114,10 +160,14 @@ class ConformanceSession:
             f"distributed backend {d.distributed_backend}, torch {torch.__version__}, "
             f"world size {self.world_size} (ranks available: {self.available_ranks})",
         ]
-        usable = (f"{name}={'yes' if self.capabilities.usable(name)[0] else 'no'}"
-                  for name in self.capabilities.probes)
-        lines.append("conformance: capabilities: " + " ".join(usable))
-        for line in self.capabilities.mismatches():
+        for name in CHEAP_PROBES:  # the rest (imports of DTensor, Dynamo) only when a selected test needs them
+            self.capabilities.probes[name]
+        probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
+        shown = [f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
+                 for name in CAPABILITIES]
+        lines.append("conformance: capabilities: " + " ".join(shown)
+                     + (" (?: not needed by the selected tests, not probed)" if len(probed) < len(CAPABILITIES) else ""))
+        for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
         return lines
 
@@ -140,14 +190,51 @@ class ConformanceSession:
         )
 
 
-def _available_ranks(descriptor: BackendDescriptor, world_size: int) -> int:
-    """Ranks a test may use: the run's world size, capped by the device count on accelerators."""
+_SEVERITY = ("error", "failed", "xpassed", "passed", "xfailed", "skipped")
+
+
+def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
+    """One TestResult per test from every rank's: the worst outcome (the first failing rank's message),
+    the longest duration, and each rank's outcome and node."""
+    by_test: dict[str, list[tuple[int, str, TestResult]]] = {}
+    for rank in sorted(per_rank):
+        for result in per_rank[rank]["tests"]:
+            by_test.setdefault(result.nodeid, []).append((rank, per_rank[rank]["node"], result))
+    merged = []
+    for nodeid, entries in by_test.items():
+        worst = min(entries, key=lambda e: (_SEVERITY.index(e[2].outcome), e[0]))[2]
+        merged.append(TestResult(
+            nodeid=nodeid, suite=worst.suite, outcome=worst.outcome, message=worst.message,
+            duration=max(e[2].duration for e in entries),
+            ranks=[RankOutcome(rank=r, node=node, outcome=t.outcome, message=t.message if t.outcome != "passed" else "")
+                   for r, node, t in entries]))
+    return merged
+
+
+CHEAP_PROBES = ("collectives", "symmetric_memory", "put_signal", "bf16")
+
+
+class WorldSizeError(DescriptorError):
+    """The requested world cannot run on this machine; the message names both numbers and the fix."""
+
+
+def _device_count(descriptor: BackendDescriptor) -> int | None:
     if descriptor.device_type == "cpu":
-        return world_size
+        return None
     import torch
 
     try:
-        count = torch.accelerator.device_count()
-    except Exception:
-        count = 0
-    return min(world_size, count) if count else world_size
+        return torch.accelerator.device_count()
+    except Exception:  # noqa: BLE001 - no runtime for the device: counted as none
+        return 0
+
+
+def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: int | None) -> None:
+    """Refuse more ranks on this machine than it has devices (``None``: CPU, any number). NCCL and its
+    peers put one rank per device; two ranks sharing one fail at the first collective, far from the cause."""
+    if device_count is None or ranks_here <= device_count:
+        return
+    raise WorldSizeError(
+        f"{ranks_here} ranks on this machine need {ranks_here} {descriptor.device_type} devices (one rank per device "
+        f"for {descriptor.distributed_backend}), but it has {device_count}: pass --world-size {device_count} or "
+        f"fewer, or start fewer processes per node")

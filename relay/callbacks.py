@@ -37,7 +37,8 @@ import logging
 import math
 import threading
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -53,6 +54,9 @@ from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for
 from relay.store import StoreUnavailable
 from relay.store.results_operations import CallbackUpdate
 from relay.store.per_test_results import NewTestResult
+
+if TYPE_CHECKING:
+    from relay.store import Store
 
 __all__ = [
     "CallbackBody", "CallbackRejected", "CallbackService", "RateLimiter", "ReportLimits", "rejection_handler", "router",
@@ -173,12 +177,12 @@ class ReportLimits:
 class CallbackService:
     """Everything the callback endpoint needs (kept on ``app.state.callbacks``)."""
 
-    store: Any
+    store: Store
     auth: CallerAuth
     limiter: RateLimiter
     max_body_bytes: int
     report_limits: ReportLimits = dataclasses.field(default_factory=ReportLimits)
-    on_run_changed: Any = None  # callable(run_pk): reporting, called after the transaction commits
+    on_run_changed: Callable[[int], None] | None = None  # wakes reporting, after the transaction commits
 
     def process(self, caller: Caller, body: bytes) -> CallbackAccepted:
         try:

@@ -12,7 +12,7 @@ What appears upstream (``decide``) is the backend's level's row in :data:`relay.
 * ``display_on_pr`` never (L1, L2): nothing (L2 results are on the dashboard only).
 * ``label_only`` (L3): only while the PR carries the backend's label. The decision is level-triggered:
   a label added before the dispatch, during the run or after it ends all lead to the check on the PR,
-  because the label watch re-decides every run of the PR's head when the labels change.
+  because a change of the PR's labels makes every run of its head pending again (``reports_pending``).
 * ``always`` (L4): every PR (and push).
 * ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
   summary; on (L4): the real conclusion, meant to be a required check.

@@ -23,6 +23,7 @@ class RankContext:
     # and torch's error if selecting it failed.
     symmetric_memory_backend: str | None = None
     symmetric_memory_backend_error: str | None = None
+    node: str = "local"  # under a launcher: "node <GROUP_RANK> (<host>)"
 
     @property
     def is_last(self) -> bool:

@@ -117,6 +117,7 @@ class RankPool:
         self.spawns = 0
         self.events: list[str] = []
         self.closed = False
+        self._booting = False  # spawned, not yet known to be ready
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -127,12 +128,24 @@ class RankPool:
         return [r.pid for r in self.ranks]
 
     def start(self) -> None:
-        import torch.distributed as dist
+        """Spawn the ranks if needed and wait until every one has joined the process group."""
+        self.launch()
+        if self._booting:
+            self._booting = False
+            self._await_ready()
 
+    def launch(self) -> None:
+        """Spawn the ranks without waiting for them (``start`` waits); a no-op when they are up."""
         if self.closed:
             raise RuntimeError("this RankPool is closed")
         if self.started:
             return
+        self._booting = True
+        self._spawn()
+
+    def _spawn(self) -> None:
+        import torch.distributed as dist
+
         # The controller hosts the rendezvous store on an OS-chosen port: pools in different pytest
         # (xdist) workers can never collide.
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -145,6 +158,11 @@ class RankPool:
             "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
             "symmetric_memory_backend": self.symmetric_memory_backend,
         }
+        env = self._rank_env(self.world_size)
+        self.ranks = [RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env)
+                      for rank in range(self.world_size)]
+
+    def _rank_env(self, ranks_here: int) -> dict[str, str]:
         env = dict(self.env)
         # Ranks import test functions by module name: give them the controller's import path, as
         # multiprocessing's spawn does (pytest has inserted test roots into sys.path by now).
@@ -152,15 +170,14 @@ class RankPool:
         inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search_path + inherited))
         if self.device_type == "cpu" and "OMP_NUM_THREADS" not in env:
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.world_size))
-        self.ranks = [
-            RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env)
-            for rank in range(self.world_size)
-        ]
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks_here))
+        return env
+
+    def _await_ready(self) -> None:
         replies = self._collect({protocol.READY, protocol.INIT_FAILED}, self.startup_timeout)
         errors = [self._as_remote_error(rank, reply) for rank, reply in sorted(replies.items())
                   if reply[0] != protocol.READY]
-        missing = [r.rank for r in self.ranks if r.rank not in replies]
+        missing = [r for r in range(self.world_size) if r not in replies]
         if errors:
             self._teardown(f"start-up failed on rank(s) {_listed(e.rank for e in errors)}")
             raise RankCrashed(f"{self._label()}: the pool could not start", errors)
@@ -225,7 +242,7 @@ class RankPool:
         """
         errors = [self._as_remote_error(r, reply) for r, reply in sorted(replies.items())
                   if reply[0] != protocol.RESULT]
-        missing = [r.rank for r in self.ranks if r.rank not in replies]
+        missing = [r for r in range(self.world_size) if r not in replies]
         if not errors and not missing:
             return [replies[r][1]["value"] for r in range(self.world_size)]
         gone = [e.rank for e in errors if replies[e.rank][0] is protocol.RANK_GONE]
@@ -260,6 +277,8 @@ class RankPool:
 
     def _as_remote_error(self, rank: int, reply: tuple) -> RemoteError:
         name, body = reply
+        if name is protocol.RANK_GONE and body:  # described by the controller that watched it
+            return RemoteError(rank, "RankGone", body["message"], body["traceback"])
         if name is protocol.RANK_GONE:
             proc = self.ranks[rank]
             return RemoteError(rank, "RankGone", proc.exit_description(),

@@ -101,8 +101,9 @@ class Rank:
         if cfg["device_type"] == "cpu":
             device = torch.device("cpu")
         else:
+            # One rank per device (NCCL refuses two on one): a launcher's LOCAL_RANK, else the rank.
             count = torch.accelerator.device_count()
-            device = torch.device(cfg["device_type"], cfg["rank"] % max(count, 1))
+            device = torch.device(cfg["device_type"], cfg.get("device_index", cfg["rank"]) % max(count, 1))
             torch.accelerator.set_device_index(device.index)
         symm_backend, symm_error = cfg.get("symmetric_memory_backend"), None
         if symm_backend:
@@ -112,7 +113,7 @@ class Rank:
         self.ctx = RankContext(rank=cfg["rank"], world_size=cfg["world_size"], device=device,
                                backend=cfg["backend"], descriptor=cfg["descriptor"],
                                shared_dir=cfg["shared_dir"], symmetric_memory_backend=symm_backend,
-                               symmetric_memory_backend_error=symm_error)
+                               symmetric_memory_backend_error=symm_error, node=cfg.get("node", "local"))
         self.init_group(cfg["generation"])
         if cfg.get("default_device"):
             # After the process group is up (its set-up may allocate); see pool.DEFAULT_DEVICE_ENV.
@@ -122,13 +123,14 @@ class Rank:
         import torch.distributed as dist
 
         cfg, ctx = self.config, self.ctx
+        prefix = cfg.get("store_prefix", "")  # under a launcher its store is shared with other runs' keys
         if dist.is_initialized():
             dist.destroy_process_group()
         kwargs = {}
         if ctx.device.type != "cpu":
             kwargs["device_id"] = ctx.device
         dist.init_process_group(
-            backend=cfg["backend"], store=dist.PrefixStore(f"group/{generation}", self.store),
+            backend=cfg["backend"], store=dist.PrefixStore(f"{prefix}group/{generation}", self.store),
             rank=ctx.rank, world_size=ctx.world_size,
             timeout=timedelta(seconds=cfg["timeout"]), **kwargs,
         )

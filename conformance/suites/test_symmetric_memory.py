@@ -21,7 +21,7 @@ import inspect
 
 import pytest
 
-from conformance import requires
+from conformance import min_ranks, requires
 from conformance.suites import _symmetric_memory_bodies as bodies
 
 IMPL = "torch"
@@ -239,33 +239,39 @@ def test_allocate_and_rendezvous(ranks):
 
 
 @requires("symmetric_memory", "put_signal")
+@min_ranks(2)  # a put needs a peer
 @pytest.mark.parametrize("direction", ["odd->even", "even->odd"])
 def test_put_signal_pairwise(ranks, direction):
     bodies.check_pairwise(ranks, IMPL, direction)
 
 
 @requires("symmetric_memory", "put_signal")
+@min_ranks(2)  # a put needs a peer
 def test_put_signal_ring_to_every_peer(ranks):
     bodies.check_ring(ranks, IMPL)
 
 
 @requires("symmetric_memory", "put_signal")
+@min_ranks(2)  # a put needs a peer
 def test_put_signal_100_rounds_one_signal(ranks):
     bodies.check_rounds(ranks, IMPL, rounds=100)
 
 
 @requires("symmetric_memory", "put_signal")
+@min_ranks(2)  # a put needs a peer
 @pytest.mark.parametrize("numel, dtype_name", [_case(n, d) for n, d in SIZES_AND_DTYPES])
 def test_put_signal_sizes_and_dtypes(ranks, numel, dtype_name):
     bodies.check_pairwise(ranks, IMPL, "odd->even", numel, dtype_name)
 
 
 @requires("symmetric_memory", "put_signal")
+@min_ranks(2)  # a put needs a peer
 def test_wait_posted_before_put(ranks):
     bodies.check_wait_before_put(ranks, IMPL)
 
 
 @requires("symmetric_memory", "put_signal")
+@min_ranks(2)  # a put needs a peer
 def test_error_cases(ranks):
     bodies.check_errors(ranks, IMPL)
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from relay.level_review import criteria_from_settings
-from relay.trust import LevelCriteria, TrustLevel
-from relay.trust import BackendTarget
+from relay.trust import BackendTarget, LevelCriteria, TrustLevel
+
+if TYPE_CHECKING:
+    from relay.store import Store
 
 __all__ = ["DashboardContext", "STATIC_DIR", "context", "render"]
 
@@ -63,7 +65,7 @@ _env.filters.update(outcome_class=outcome_class, duration=duration, when=when, s
 
 @dataclasses.dataclass(frozen=True)
 class DashboardContext:
-    store: Any
+    store: Store
     backends: dict[str, BackendTarget]  # the backends shown on the dashboard, by name
     hidden: tuple[str, ...]  # allowlisted but not shown (L1 in the levels table)
     criteria: dict[TrustLevel, LevelCriteria]  # the level criteria, with the settings' overrides

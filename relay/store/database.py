@@ -102,6 +102,9 @@ def _tune_sqlite(engine: Engine, deadline_seconds: float) -> None:
         cursor.execute("PRAGMA synchronous=FULL")  # see the module docstring: durable across power loss
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={max(1, int(deadline_seconds * 1000))}")
+        # After a checkpoint the WAL is cut back to this size instead of keeping its largest size for
+        # good: a disk that filled up once gets its space back.
+        cursor.execute("PRAGMA journal_size_limit=67108864")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -1,0 +1,224 @@
+"""Runs under a launcher (``torchrun``, or SLURM through it): each launcher process is one rank.
+
+The launcher has already chosen the world: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``
+(the node) and ``MASTER_ADDR``/``MASTER_PORT`` (its TCPStore). Every launcher process runs the same
+pytest session and is the controller of exactly one rank process (``python -m conformance.ranks.worker``,
+global rank ``RANK``, device ``LOCAL_RANK``), so a hung or crashed rank is still killed and replaced by
+its own controller, as in a local pool.
+
+The controllers agree on every call's outcome through the launcher's store: each publishes its own
+rank's reply under ``<prefix>x/<n>/<rank>`` and reads everyone's, so every controller sees the same
+per-rank results and takes the same recovery step (fresh group, respawn) with the same generation.
+A controller that never publishes (its process is gone) ends the call with ``RankCrashed``, and the
+pool is then ``lost``: no later call can form the world again without relaunching.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from multiprocessing.connection import wait
+
+from conformance.ranks import protocol
+from conformance.ranks.pool import RankCrashed, RankError, RankPool
+from conformance.ranks.process import RankProcess
+
+__all__ = ["LauncherPool", "LauncherWorld", "WorldLost"]
+
+# How long a controller waits for its peers' answers beyond its own deadline: they may have started
+# the call a little later, and a peer whose rank is stuck reports only at its own deadline.
+PEER_MARGIN = 30.0
+
+
+class WorldLost(RankCrashed):
+    """The launcher's world cannot be formed again in this run (a launcher process is gone)."""
+
+
+@dataclass(frozen=True)
+class LauncherWorld:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    agent_store: bool
+
+    @classmethod
+    def from_env(cls, env=None) -> "LauncherWorld | None":
+        """The world a launcher set up, or None when this process was not started by one."""
+        env = os.environ if env is None else env
+        needed = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        if not all(env.get(k) for k in needed):
+            return None
+        try:
+            return cls(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), local_rank=int(env["LOCAL_RANK"]),
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE") or 1),
+                       node_rank=int(env.get("GROUP_RANK") or 0), master_addr=env["MASTER_ADDR"],
+                       master_port=int(env["MASTER_PORT"]), run_id=env.get("TORCHELASTIC_RUN_ID") or "none",
+                       agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+        except ValueError as exc:
+            raise ValueError(f"launcher environment is malformed ({exc}); check RANK, WORLD_SIZE, LOCAL_RANK, "
+                             "GROUP_RANK and MASTER_PORT") from None
+
+    @property
+    def run_key(self) -> str:
+        """Names this launch (a static rendezvous has no run id of its own: ``none``)."""
+        return f"{self.run_id}-{self.master_addr}-{self.master_port}"
+
+    @property
+    def node(self) -> str:
+        return f"node {self.node_rank} ({socket.gethostname()})"
+
+    def connect_store(self, timeout: float):
+        """The launcher's TCPStore (torchrun's agent hosts it); without an agent, rank 0 hosts it."""
+        import torch.distributed as dist
+
+        return dist.TCPStore(self.master_addr, self.master_port, is_master=self.rank == 0 and not self.agent_store,
+                             wait_for_workers=False, timeout=timedelta(seconds=timeout))
+
+
+class LauncherPool(RankPool):
+    """A ``RankPool`` whose world is the launcher's: this process controls rank ``world.rank`` only."""
+
+    def __init__(self, *, world: LauncherWorld, **kwargs):
+        super().__init__(world_size=world.world_size, **kwargs)
+        self.world = world
+        self.prefix = f"conformance/{world.run_key}/"
+        # Shared by the ranks of this node (a launcher's nodes share no file system in general).
+        self.shared_dir = Path(tempfile.gettempdir()) / f"conformance-{world.run_key}" / "shared"
+        self.shared_dir.mkdir(parents=True, exist_ok=True)
+        self._ctl_store = None
+        self._exchanges = 0
+        self._calls = 0
+        self.lost: str | None = None
+
+    def _label(self) -> str:
+        return f"{self.descriptor} launcher world ({self.world_size} ranks, {self.backend}, {self.world.node})"
+
+    def start(self) -> None:
+        if self.lost:
+            raise WorldLost(self.lost)
+        super().start()
+
+    def _spawn(self) -> None:
+        self._store()
+        self.generation += 1
+        self.spawns += 1
+        world = self.world
+        config = {
+            "world_size": world.world_size, "store_host": world.master_addr, "store_port": world.master_port,
+            "store_prefix": self.prefix, "rank": world.rank, "device_index": world.local_rank,
+            "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
+            "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
+            "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
+            "symmetric_memory_backend": self.symmetric_memory_backend, "node": world.node,
+        }
+        env = self._rank_env(world.local_world_size)
+        self.ranks = [RankProcess.spawn(world.rank, config, self.workdir / f"rank{world.rank}.log", env)]
+
+    def run_with_timeout(self, timeout, fn, *args, **kwargs):
+        """Rank 0's call is the world's: the other controllers check that they reached the same function
+        and run it with rank 0's arguments (a test drawing a random argument draws it once)."""
+        if self.lost:
+            raise WorldLost(self.lost)
+        store = self._store()
+        self._calls += 1
+        key = f"{self.prefix}call/{self._calls}"
+        if self.world.rank == 0:
+            store.set(key, pickle.dumps((fn.__qualname__, args, kwargs)))
+        else:
+            try:
+                store.wait([key], timedelta(seconds=timeout + PEER_MARGIN))
+            except Exception:  # noqa: BLE001 - the store's timeout error: rank 0 never made this call
+                self.lost = (f"{self._label()}: rank 0 did not make call {self._calls} ({fn.__qualname__}) "
+                             f"within {timeout + PEER_MARGIN:g} s; the world cannot be formed again without relaunching")
+                self._teardown(self.lost)
+                raise WorldLost(self.lost) from None
+            qualname, args, kwargs = pickle.loads(store.get(key))
+            if qualname != fn.__qualname__:
+                raise RankError(f"{self._label()}: the controllers diverged at call {self._calls}: rank 0 runs "
+                                f"{qualname}, rank {self.world.rank} {fn.__qualname__} (a test must make the same "
+                                "ranks.run calls on every launcher process)")
+        return super().run_with_timeout(timeout, fn, *args, **kwargs)
+
+    def _store(self):
+        if self._ctl_store is None:
+            self._ctl_store = self.world.connect_store(self.startup_timeout)
+        return self._ctl_store
+
+    def close(self) -> None:
+        super().close()
+        if self.world.local_rank == 0:
+            shutil.rmtree(self.shared_dir.parent, ignore_errors=True)
+
+    # -- agreeing on an outcome ------------------------------------------------------------------------
+    def _key(self, n: int, rank: int) -> str:
+        return f"{self.prefix}x/{n}/{rank}"
+
+    def _collect(self, wanted, timeout, *, grace=None):
+        """Everyone's replies: this rank's (watched locally, as ``RankPool._collect`` does, but giving up
+        ``grace`` s after a peer reported an error) and every peer's, read from the store."""
+        self._exchanges += 1
+        n, me, store = self._exchanges, self.world.rank, self._store()
+        deadline = time.monotonic() + timeout
+        peers = [r for r in range(self.world_size) if r != me]
+        seen_peer_failure = False
+        mine = None
+        proc = self.ranks[0] if self.ranks else None
+        while mine is None and proc is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if wait([proc.conn], timeout=min(remaining, 0.2)):
+                try:
+                    name, body = protocol.recv(proc.conn)
+                except (EOFError, OSError):
+                    try:
+                        proc.popen.wait(timeout=10)
+                    except Exception:  # noqa: BLE001 - described below either way
+                        pass
+                    mine = (protocol.RANK_GONE, {"message": f"{proc.exit_description()} on {self.world.node}",
+                                                 "traceback": f"last output of rank {me}:\n{proc.output_tail()}"})
+                    break
+                if name in wanted:
+                    mine = (name, body)
+                continue
+            if grace is not None and not seen_peer_failure:
+                for peer in peers:
+                    key = self._key(n, peer)
+                    if store.check([key]) and pickle.loads(store.get(key))[0] in (protocol.ERROR, protocol.RANK_GONE):
+                        seen_peer_failure = True
+                        deadline = min(deadline, time.monotonic() + grace)
+                        break
+        store.set(self._key(n, me), pickle.dumps(mine if mine is not None else (None, {})))
+        replies = {me: mine} if mine is not None else {}
+        peer_deadline = time.monotonic() + max(deadline - time.monotonic(), 0) + (grace or 0) + PEER_MARGIN
+        pending = list(peers)
+        while pending and time.monotonic() < peer_deadline:
+            for peer in list(pending):
+                key = self._key(n, peer)
+                if store.check([key]):
+                    pending.remove(peer)
+                    reply = pickle.loads(store.get(key))
+                    if reply[0] is not None:
+                        replies[peer] = reply
+            if pending:
+                time.sleep(0.02)
+        if pending:
+            self.lost = (f"{self._label()}: the launcher process of rank {', '.join(map(str, pending))} did not report "
+                         f"within {timeout + (grace or 0) + PEER_MARGIN:g} s; the world cannot be formed again without "
+                         "relaunching")
+            self._teardown(self.lost)
+            raise WorldLost(self.lost)
+        return replies
+
