@@ -115,6 +115,11 @@ class KnownFailure(_TestPattern):
     reason: str = Field(min_length=1)
     link: str = Field(min_length=1)
     mode: Literal["xfail", "skip"] = "xfail"
+    min_world_size: int = Field(
+        default=1, ge=1,
+        description="the failure shows only with at least this many ranks (a result that depends on which "
+                    "rank holds a value, data that must cross ranks); below it the test runs normally",
+    )
 
 
 class QuarantinedTest(_TestPattern):
@@ -228,8 +233,10 @@ class BackendDescriptor(_Strict):
     def declares(self, capability: str) -> bool:
         return self.capabilities[capability]
 
-    def known_failure_for(self, test_id: str) -> KnownFailure | None:
-        return next((kf for kf in self.known_failures if kf.matches(test_id)), None)
+    def known_failure_for(self, test_id: str, world_size: int | None = None) -> KnownFailure | None:
+        """The known failure that applies to ``test_id`` in a run of ``world_size`` ranks (any size if None)."""
+        return next((kf for kf in self.known_failures
+                     if kf.matches(test_id) and (world_size is None or world_size >= kf.min_world_size)), None)
 
 
 def _fix_hint(loc: tuple, msg: str) -> str:

@@ -196,7 +196,7 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
             reason=f"needs {needed} ranks; {session.descriptor.name} run has {session.available_ranks} "
                    f"(raise --world-size to {needed}{' and provide the devices' if session.descriptor.device_type != 'cpu' else ''})"))
         return
-    known = session.descriptor.known_failure_for(test_id_of(item))
+    known = session.descriptor.known_failure_for(test_id_of(item), session.world_size)
     if known is not None:
         reason = f"known failure on {session.descriptor.name}: {known.reason} ({known.link})"
         if known.mode == "skip":

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import requires, world_size
+from conformance import min_ranks, requires, world_size
 from conformance.suites import _collective_bodies as bodies
 from conformance.suites import _collective_data as data
 from conformance.suites.test_collectives import raise_problems
 
-pytestmark = requires("collectives")
+pytestmark = [requires("collectives"), min_ranks(2)]  # a message needs a peer
 
 NUMEL = 29
 

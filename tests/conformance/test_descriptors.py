@@ -59,6 +59,8 @@ def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
      "known_failures.0.match: pattern 'test_x' must look like '<suite>::<test name>'"),
     ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "mode": "maybe"}]},
      "known_failures.0.mode: Input should be 'xfail' or 'skip'"),
+    ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "min_world_size": 0}]},
+     "known_failures.0.min_world_size: Input should be greater than or equal to 1"),
     ({"relay": {"repository": "not a repo"}}, "relay.repository: 'not a repo' is not 'owner/name'"),
     ({"relay": {"repository": "o/r", "level": "L5"}}, "relay.level: Input should be 'L1', 'L2', 'L3' or 'L4'"),
     ({"capabilities": {**VALID["capabilities"], "put_signal": True}},
@@ -104,6 +106,17 @@ def test_known_failure_patterns_treat_brackets_literally():
     assert descriptor.known_failure_for("collectives::test_all_reduce[AVG-int64]") is not None
     assert descriptor.known_failure_for("collectives::test_all_reduce[AVG-float32]") is None
     assert descriptor.known_failure_for("collectives::test_all_reduce[S]") is None
+
+
+def test_a_known_failure_that_needs_several_ranks_applies_only_at_that_world_size(tmp_path):
+    entry = {"match": "collectives::test_all_reduce_nonfinite[*-MIN]", "reason": "r", "link": "l",
+             "min_world_size": 2}
+    descriptor = load_descriptor(write(tmp_path, "mine", {**VALID, "known_failures": [entry]}))
+    test_id = "collectives::test_all_reduce_nonfinite[float32-MIN]"
+    assert descriptor.known_failure_for(test_id, world_size=1) is None
+    assert descriptor.known_failure_for(test_id, world_size=2).min_world_size == 2
+    assert descriptor.known_failure_for(test_id, world_size=4) is not None
+    assert descriptor.known_failure_for(test_id) is not None  # no run size: every entry that matches
 
 
 def test_detection_on_this_cpu_machine_picks_cpu():
