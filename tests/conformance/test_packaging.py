@@ -52,7 +52,7 @@ def test_installed_package_runs_from_any_directory(installed, tmp_path):
     backends = run(installed, "backends", cwd=tmp_path)
     assert backends.returncode == 0, backends.stderr
     assert str(installed / "conformance" / "_packaged_backends" / "cpu.yaml") in backends.stdout
-    result = run(installed, "run", "--suite", "collectives", "--report", "r.json", "--", "-k", "barrier",
+    result = run(installed, "run", "--suite", "collectives", "--report", "r.json", "--", "-k", "test_barrier",
                  cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())

@@ -248,9 +248,14 @@ def test_no_claims_spin_while_every_due_row_waits_for_a_resting_credential(relay
     wait(lambda: any(r.answered == 429 for r in relay.fake.requests), what="the 429")
     claims = relay.app.state.metrics.claims
     before = claims.labels("empty")._value.get()
+    resting_since = time.monotonic()
     relay.wait_settled()
+    waited = time.monotonic() - resting_since
     # While the token rests (3 s), rows are due but none may be sent: the loop waits for the rest to end,
-    # a wake or its 1 s poll (about 3 + one per wake), instead of claiming again and again for nothing.
+    # a wake or its 1 s poll, instead of claiming again and again for nothing. So at most one empty claim
+    # per poll interval of the time it actually waited (a loaded machine stretches that), one per wake
+    # (each finished send wakes the loop, and so does the rest's end) and one spare; before the fix the
+    # loop made about 5 a second.
     empty_claims = claims.labels("empty")._value.get() - before
-    assert empty_claims <= 7, empty_claims
+    assert empty_claims <= int(waited / 1.0) + 4 + 2, (empty_claims, waited)
     assert [r.state for r in relay.store.dispatches()] == ["sent"] * 4

@@ -36,8 +36,4 @@ def empty(*args, **kwargs):
     return _real_empty(*args, **kwargs)
 
 
-def calls_on_rank(ctx):
-    return list(CALLS)
-
-
 symm_mem.set_backend, symm_mem.get_backend, symm_mem.empty = set_backend, get_backend, empty

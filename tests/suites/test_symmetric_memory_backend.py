@@ -4,14 +4,24 @@ after it must still find the backend they need (torch refuses to change it after
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from conformance.ranks import RankError, RankPool
 from conformance.suites import _symmetric_memory_bodies as bodies
 from conformance.suites import test_symmetric_memory as suite
-from tests.suites import symm_backend_rule
 
-RULE = symm_backend_rule.__name__
+# Imported only inside the ranks (as their setup module): importing it here would patch torch's
+# symmetric-memory functions in this pytest process too, for every later test of the process.
+RULE = "tests.suites.symm_backend_rule"
+
+
+def calls_on_rank(ctx):
+    """The symmetric-memory calls this rank made, as the rule module recorded them."""
+    return list(importlib.import_module(RULE).CALLS)
+
+
 CPU_REFUSAL = "SymmetricMemory does not support device type cpu"
 
 
@@ -31,7 +41,7 @@ def test_put_signal_bodies_after_the_probe_test_find_the_backend_selected_at_sta
         assert all(CPU_REFUSAL in e.message for e in caught.value.errors), caught.value
         assert "can not be changed" not in str(caught.value)
         # set_backend ran once per rank, at start, before the first allocation.
-        for calls in pool.run(symm_backend_rule.calls_on_rank):
+        for calls in pool.run(calls_on_rank):
             assert calls[0] == ("set_backend", "NCCL") and calls.count(("set_backend", "NCCL")) == 1, calls
             assert set(calls[1:]) == {("empty",)}, calls
 
