@@ -196,16 +196,20 @@ class ResultsOperations:
     def record_reported_state(
         self, run_pk: int, target: str, state: str, *, external_id: int | None = None, last_error: str | None = None,
         run_updated_at: dt.datetime | None = None, labels_recorded_at: dt.datetime | None = None,
+        level_changed_at: dt.datetime | None = None,
     ) -> None:
-        """What reporting decided for a run, and from which run and label versions (see ``reports_pending``)."""
+        """What reporting decided for a run, and from which run, label and backend level versions (see
+        ``reports_pending``)."""
         with self._transaction() as session:
             reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error,
-                                now=utcnow(), run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at)
+                                now=utcnow(), run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at,
+                                level_changed_at=level_changed_at)
 
     @guarded
     def reports_pending(self, target: str, *, since: dt.datetime, limit: int = 200,
                         skip: Sequence[int] = ()) -> list[reported_states.PendingReport]:
-        """Runs whose state or PR labels changed after what was last decided for ``target``."""
+        """Runs whose state, PR labels or (at an open PR's head) backend level changed after what was
+        last decided for ``target``."""
         with self._transaction() as session:
             return reported_states.pending(session, target, since=since, limit=limit, skip=tuple(skip))
 
