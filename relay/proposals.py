@@ -3,16 +3,16 @@
 Triggered every ``RELAY_PROPOSALS_INTERVAL_SECONDS`` by its own thread (started with the app when
 ``RELAY_PROPOSALS_REPOSITORY`` is set), or once by ``relay levels propose``. Reads the level review
 (:func:`relay.level_review.recommend` over the store's runs), the quarantine entries of the loaded
-descriptors and their tests' newest results; writes only to GitHub, through
+descriptors and their tests' newest results, and the level holds; writes only to GitHub, through
 :mod:`relay.github` (branch, file update, pull request). Nothing happens without a repository.
 
 What is proposed:
 
 * a **promotion** as soon as the review recommends one (it already requires the entry criteria, such
   as a month at the level below);
-* a **demotion** once the review has recommended it at every check over the last
-  ``RELAY_PROPOSALS_DEMOTE_AFTER_SECONDS`` (checks at ``DEMOTION_CHECKS`` evenly spaced times; a
-  recovery between two checks is not seen);
+* a **demotion** once the review recommends it and the backend's level hold (written by the level
+  watch, :mod:`relay.store.level_holds`) has had it below its bar, without a break, for
+  ``RELAY_PROPOSALS_DEMOTE_AFTER_SECONDS``;
 * the **release** of a quarantine entry once every test it matches that ran in the last
   ``RELEASE_WINDOW_DAYS`` has passed its newest :data:`relay.trust.RELEASE_AFTER_PASSES` results.
 
@@ -53,17 +53,17 @@ from relay.level_review import CriterionResult, recommend
 from relay.periodic import PeriodicThread
 from relay.reporting import md_code
 from relay.store.base import utcnow
+from relay.store.level_holds import LevelHold
 from relay.trust import BackendTarget, QuarantinedTest
 
 __all__ = [
-    "ACTIONS", "DEMOTION_CHECKS", "ProposalClient", "ProposalOutcome", "Proposer", "RELEASE_WINDOW_DAYS",
+    "ACTIONS", "ProposalClient", "ProposalOutcome", "Proposer", "RELEASE_WINDOW_DAYS",
     "level_branch", "release_branch",
 ]
 
 log = logging.getLogger("relay.proposals")
 
 ACTIONS = ("opened", "updated", "unchanged", "closed", "declined", "applied", "none", "failed")
-DEMOTION_CHECKS = 24  # review points over the demotion delay, besides now
 RELEASE_WINDOW_DAYS = 30  # tests of a quarantine entry that ran this recently must all pass
 MARK = "<!-- relay-proposal: {key} -->"
 CLOSED_MARK = "<!-- relay-proposal-closed -->"
@@ -159,31 +159,20 @@ def _span_text(span: dt.timedelta) -> str:
     return f"{seconds / 60:g} minutes"
 
 
-def demotion_spell(target: BackendTarget, runs, criteria, *, now: dt.datetime, span: dt.timedelta) -> bool:
-    """Whether the review recommended demoting ``target`` at every one of the DEMOTION_CHECKS + 1
-    evenly spaced times from ``now - span`` to ``now``."""
-    lower = trust.lower(target.level)
-    if lower is None:
-        return False
-    step = span / DEMOTION_CHECKS
-    for k in range(DEMOTION_CHECKS + 1):
-        at = now - k * step
-        rec, new_level, _, _ = recommend(target.level, [r for r in runs if r.dispatched_at <= at], target.name,
-                                         criteria=criteria, now=at, level_since=target.level_since)
-        if rec != "demote" or new_level != lower.value:
-            return False
-    return True
-
-
 def _level_proposal(target: BackendTarget, path: str, rec: str, new_level: str, reason: str,
-                    results: Sequence[CriterionResult], *, today: dt.date, span: dt.timedelta,
-                    dashboard_url: str) -> Proposal:
+                    results: Sequence[CriterionResult], *, today: dt.date, hold: LevelHold | None,
+                    span: dt.timedelta, dashboard_url: str) -> Proposal:
     old = target.level.value
     verb = "promote" if rec == "promote" else "demote"
-    why = (f"it meets every {new_level} criterion" if rec == "promote" else
-           f"the level review has recommended it at every check over the last {_span_text(span)}")
+    key = f"level {target.name} {old}->{new_level} level_since={target.level_since}"
+    if hold is None:
+        why = f"it meets every {new_level} criterion"
+    else:
+        key += f" hold={hold.id}"
+        why = (f"it has been below its {old} bar since {hold.started_at:%Y-%m-%d %H:%M} UTC, as its level hold "
+               f"records (a demotion is proposed after {_span_text(span)} below)")
     body = [
-        MARK.format(key=f"level {target.name} {old}->{new_level} level_since={target.level_since}"),
+        MARK.format(key=key),
         f"The relay proposes to {verb} **{target.name}** from **{old}** to **{new_level}**: {why}.", "",
         f"Review: {reason}.", "", *_criteria_table(results), "",
         f"This changes `relay.level` to `{new_level}` and `relay.level_since` to `{today.isoformat()}` in "
@@ -191,7 +180,7 @@ def _level_proposal(target: BackendTarget, path: str, rec: str, new_level: str, 
         *_footer(dashboard_url, target.name),
     ]
     return Proposal(
-        key=f"level {target.name} {old}->{new_level} level_since={target.level_since}",
+        key=key,
         title=f"{target.name}: {verb} from {old} to {new_level}",
         body="\n".join(body),
         commit_message=f"{target.name}: {verb} from {old} to {new_level} (relay level review)\n\n{reason}",
@@ -270,7 +259,7 @@ class Proposer:
     def subjects(self, now: dt.datetime) -> list[Subject]:
         """Every subject (each backend's level, each quarantine entry in force) with what it wants now."""
         window = max(lc.window_days for lc in self.criteria.values())
-        runs = self.store.runs(since=now - dt.timedelta(days=window) - self.demote_after, until=now)
+        runs = self.store.runs(since=now - dt.timedelta(days=window), until=now)
         out = []
         for target in self.targets:
             out.append(self._level_subject(target, runs, now))
@@ -283,12 +272,18 @@ class Proposer:
         rec, new_level, reason, results = recommend(target.level, runs, target.name, criteria=self.criteria, now=now,
                                                     level_since=target.level_since)
         wanted, why_not = None, f"the level review now says {rec}: {reason}"
-        if rec == "promote" or (rec == "demote" and demotion_spell(target, runs, self.criteria, now=now,
-                                                                    span=self.demote_after)):
-            wanted = _level_proposal(target, path, rec, new_level, reason, results, today=now.date(),
+        hold = None
+        if rec == "demote":
+            # "Below its bar since when" is the level watch's hold (relay.store.level_holds), not a second record.
+            found = self.store.current_level_hold(target.name)
+            if found is not None and found.above_since is None and found.level == target.level.value:
+                hold = found
+        if rec == "promote" or (hold is not None and now - hold.started_at >= self.demote_after):
+            wanted = _level_proposal(target, path, rec, new_level, reason, results, today=now.date(), hold=hold,
                                      span=self.demote_after, dashboard_url=self.dashboard_url)
         elif rec == "demote":
-            why_not = "the level review has not recommended the demotion for long enough yet"
+            why_not = (f"it has been below its bar for less than {_span_text(self.demote_after)}" if hold is not None else
+                       "no active level hold has it below its bar (it is back above, or a person restored it)")
         return Subject("level", target.name, level_branch(target.name), path, wanted, why_not)
 
     def _release_subject(self, target: BackendTarget, entry: QuarantinedTest, now: dt.datetime) -> Subject:

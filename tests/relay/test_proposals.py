@@ -137,6 +137,29 @@ BROADCAST = "conformance/suites/test_collectives.py::test_broadcast"
 PROMPT = {**LEVEL_CRITERIA, TrustLevel.L3: dataclasses.replace(LEVEL_CRITERIA[TrustLevel.L3], entry=())}
 
 
+HOSTILE = "x` [link](https://evil.example) ![img](https://evil.example/i.png) <img src=x onerror=alert(1)> @octocat #1"
+
+
+def markdown_dangers(markdown: str) -> list[str]:
+    """What GitHub would render as more than text, other than the relay's own links to its dashboard."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    for block in MarkdownIt("commonmark").enable("table").parse(markdown):
+        if block.type == "html_block" and not block.content.startswith("<!-- relay-proposal"):
+            found.append(f"html block {block.content!r}")
+        for token in block.children or ():
+            href = (token.attrs or {}).get("href", "")
+            if token.type == "link_open" and not str(href).startswith("http://dashboard.test/"):
+                found.append(f"link {href!r}")
+            elif token.type in ("image", "html_inline"):
+                found.append(f"{token.type} {token.content!r}")
+            elif token.type == "text" and any(m in token.content.replace("http://dashboard.test/", "")
+                                               for m in ("://", "@", "#1", "<")):
+                found.append(f"live text {token.content!r}")
+    return found
+
+
 def writes(fake) -> list[tuple[str, str]]:
     return [(r.method, r.path) for r in fake.requests if r.method != "GET" and r.path.startswith(f"/repos/{DESCRIPTORS}")]
 
@@ -159,7 +182,8 @@ def driven(database_url, results_relay, results_backends):  # noqa: F811
             tests = [(ALL_REDUCE, "passed", ""), (BROADCAST, "failed" if backend == "l4" else "passed", "rank 1 got 0")]
             assert drive.complete(backend, nonce, conclusion, report_body=report(backend, tests)).status_code == 200
     relay.fake.add_file(DESCRIPTORS, "backends/l2.yaml", L2_DESCRIPTOR)
-    quarantine = (QuarantinedTest(match="collectives::test_all_reduce[*]", reason="ring time-out",
+    relay.store.start_level_hold("l4", "L4", "success rate 0% (above 90% over 7 days) misses the L4 bar")
+    quarantine = (QuarantinedTest(match="collectives::test_all_reduce[*]", reason=f"ring time-out {HOSTILE}",
                                   expires=dt.date(2099, 12, 31)),
                   QuarantinedTest(match="collectives::test_broadcast", reason="ring time-out", expires=dt.date(2099, 12, 31)))
     targets = [dataclasses.replace(t, quarantine=quarantine) if t.name == "l4" else t
@@ -205,10 +229,14 @@ def test_proposals_open_update_close_and_respect_a_person(driven):
     demotion = pr_of(fake, level_branch("l4"))
     assert demotion["title"] == "l4: demote from L4 to L3"
     assert "| success rate | to hold L4 | 0% | above 90% over 7 days | **no** |" in demotion["body"]
-    assert "at every check over the last 30 minutes" in demotion["body"]
+    assert "it has been below its L4 bar since " in demotion["body"]
+    assert "as its level hold records (a demotion is proposed after 30 minutes below)" in demotion["body"]
     freed = pr_of(fake, release)
     assert "release ` collectives::test_all_reduce[*] ` from **l4**'s quarantine" in freed["body"]
     assert "| 10 passed |" in freed["body"] and "http://dashboard.test/runs/" in freed["body"]
+    assert "(http://dashboard.test/tests/collectives%3A%3Atest_all_reduce%5Bsum%5D)" in freed["body"]
+    assert HOSTILE in freed["body"] and markdown_dangers(freed["body"]) == []  # the reason is an inert code span
+    assert markdown_dangers(demotion["body"]) == [] and markdown_dangers(promotion["body"]) == []
     released = fake.file(DESCRIPTORS, "backends/l4.yaml", release).decode()
     assert changed_lines(fake.file(DESCRIPTORS, "backends/l4.yaml").decode(), released) == [
         '-    - match: "collectives::test_all_reduce[*]"',
@@ -228,14 +256,19 @@ def test_proposals_open_update_close_and_respect_a_person(driven):
     assert after[level_branch("l2")] == "applied" and after[release] == "declined"
     assert len(writes(fake)) == before and len(fake.pull_requests(DESCRIPTORS)) == 3
 
-    # The demotion's reason goes (it has not lasted 2 h): the relay closes its pull request, saying why.
+    # The demotion's reason goes (below the bar for 1 h, not 2 h): the relay closes it, saying why.
     assert {o.branch: o.action for o in proposer(demote_after_seconds=7200).propose_once()}[level_branch("l4")] == "closed"
     closed = [p for p in fake.pull_requests(DESCRIPTORS) if p["number"] == demotion["number"]][0]
     assert closed["state"] == "closed" and CLOSED_MARK in closed["body"]
-    assert "not recommended the demotion for long enough yet" in closed["body"]
+    assert "**The relay closed this proposal: it has been below its bar for less than 2 hours.**" in closed["body"]
     # ... and once it holds again, a new one opens (a close by the relay is no person's "no").
     assert {o.branch: o.action for o in proposer().propose_once()}[level_branch("l4")] == "opened"
-    assert pr_of(fake, level_branch("l4"))["number"] != demotion["number"]
+    reopened = pr_of(fake, level_branch("l4"))
+    assert reopened["number"] != demotion["number"]
+    # A person restores the backend (ends its hold): the demotion is withdrawn.
+    relay.store.end_level_hold("l4", "restored: the runner was fixed")
+    assert {o.branch: o.action for o in proposer().propose_once()}[level_branch("l4")] == "closed"
+    assert "no active level hold has it below its bar" in fake.pull_requests(DESCRIPTORS)[reopened["number"] - 1]["body"]
     assert fake.schema_violations == []
 
 
@@ -256,7 +289,7 @@ def test_nothing_is_proposed_without_a_descriptor_repository(database_url, resul
 def test_the_background_pass_and_the_cli_propose(database_url, results_relay, monkeypatch, capsys,  # noqa: F811
                                                  results_backends):
     relay, drive = results_relay(database_url, proposals_repository=DESCRIPTORS, proposals_interval_seconds=0.2)
-    for number in range(80, 86):  # l4: six failures -> demote, which must last a day first
+    for number in range(80, 86):  # l4: six failures -> demote, once below its bar (a level hold) for 3 days
         nonce = drive.nonce("l4", drive.open_pr(number))
         assert drive.start("l4", nonce).status_code == 200
         assert drive.complete("l4", nonce, "failure").status_code == 200
@@ -270,6 +303,7 @@ def test_the_background_pass_and_the_cli_propose(database_url, results_relay, mo
     assert proposals.totals["none"] >= passes + 8 and proposals.totals["failed"] == 0
     assert relay.fake.pull_requests(DESCRIPTORS) == []  # below the bar for minutes, not 3 days
     proposals.stop()  # the CLI's pass, with a shorter delay, is the only one from here on
+    relay.store.start_level_hold("l4", "L4", "success rate 0% misses the L4 bar")
     for name, value in {"RELAY_WEBHOOK_SECRETS": "s", "RELAY_GITHUB_TOKEN": "test-token", "RELAY_DATABASE_URL": database_url,
                         "RELAY_BACKENDS_DIR": str(results_backends), "RELAY_GITHUB_API_URL": relay.fake.url,
                         "RELAY_PROPOSALS_REPOSITORY": DESCRIPTORS, "RELAY_PROPOSALS_DEMOTE_AFTER_SECONDS": "0.001"}.items():
@@ -284,3 +318,17 @@ def test_the_background_pass_and_the_cli_propose(database_url, results_relay, mo
     assert changed_lines(relay.fake.file(DESCRIPTORS, "backends/l4.yaml").decode(), content)[:2] == [
         '-  level: "L4"                    # mature: the check is required',
         "+  level: L3                    # mature: the check is required"]
+
+
+def test_a_failing_subject_never_stops_the_others_and_a_rate_limit_ends_the_pass(store, fake_github,
+                                                                                  results_backends):  # noqa: F811
+    from relay.testing import Fault
+
+    proposer = Proposer(store, GitHubClient(fake_github.url, token="test-token"), load_allowlist(results_backends),
+                        repository=DESCRIPTORS, criteria=LEVEL_CRITERIA)
+    fake_github.script(Fault.server_error(), endpoint="pulls")
+    first = [(o.backend, o.action) for o in proposer.propose_once()]
+    assert first == [("l1", "failed"), ("l2", "none"), ("l3", "none"), ("l4", "none")]  # no runs: nothing wanted
+    fake_github.script(Fault.rate_limited(retry_after=60), endpoint="pulls")
+    assert [(o.backend, o.action) for o in proposer.propose_once()] == [("l1", "failed")]
+    assert [o.backend for o in proposer.propose_once()] == ["l1", "l2", "l3", "l4"]
