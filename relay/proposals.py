@@ -65,6 +65,7 @@ log = logging.getLogger("relay.proposals")
 
 ACTIONS = ("opened", "updated", "unchanged", "closed", "declined", "applied", "none", "failed")
 RELEASE_WINDOW_DAYS = 30  # tests of a quarantine entry that ran this recently must all pass
+EVIDENCE_ROWS = 20  # tests listed in a release's body (GitHub takes at most 65 536 characters)
 MARK = "<!-- relay-proposal: {key} -->"
 CLOSED_MARK = "<!-- relay-proposal-closed -->"
 
@@ -198,10 +199,12 @@ def _release_proposal(target: BackendTarget, entry: QuarantinedTest, path: str, 
         f"Quarantined until {entry.expires.isoformat()} because: {md_code(entry.reason)}", "",
         "| test | newest results | runs |", "|---|---|---|",
     ]
-    for test_id, results in evidence.items():
+    for test_id, results in list(evidence.items())[:EVIDENCE_ROWS]:
         runs = ", ".join(f"[{r.run_pk}]({dashboard_url}/runs/{r.run_pk})" for r in results)
         lines.append(f"| [{md_code(test_id, in_table=True)}]({dashboard_url}/tests/{quote(test_id, safe='')}) "
                      f"| {len(results)} passed | {runs} |")
+    if len(evidence) > EVIDENCE_ROWS:
+        lines.append(f"| and {len(evidence) - EVIDENCE_ROWS} more tests, each {needed} passed | | |")
     lines += ["", f"This removes that entry from `relay.quarantine` in `{path}`; nothing else in the file changes.",
               *_footer(dashboard_url, target.name)]
     return Proposal(
@@ -327,6 +330,10 @@ class Proposer:
             except (GitHubCallError, DescriptorEditError) as exc:
                 log.error("proposals: %s", exc, extra={"backend": subject.backend, "branch": subject.branch})
                 outcome = ProposalOutcome(subject.kind, subject.backend, subject.branch, "failed", detail=str(exc))
+            except Exception as exc:  # noqa: BLE001 - an unexpected answer fails this subject, not its neighbours
+                log.exception("proposals: subject failed", extra={"backend": subject.backend, "branch": subject.branch})
+                outcome = ProposalOutcome(subject.kind, subject.backend, subject.branch, "failed",
+                                          detail=f"{type(exc).__name__}: {exc}")
             outcomes.append(outcome)
             if outcome.action in ("opened", "updated", "closed"):
                 writes += 1

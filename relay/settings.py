@@ -179,7 +179,7 @@ class Settings(BaseSettings):
         default_factory=dict, description="per-backend paths that differ from the pattern, as JSON: {\"cuda\": \"ci/cuda.yaml\"}",
     )
     proposals_demote_after_seconds: float = Field(
-        3 * 86400.0, gt=0, description="a demotion is proposed once the review has recommended it for this long",
+        3 * 86400.0, gt=0, description="a demotion is proposed once the backend's level hold has had it below its bar this long",
     )
     proposals_interval_seconds: float = Field(3600.0, gt=0, description="how often the proposals pass runs")
     proposals_max_per_pass: int = Field(20, ge=1, description="proposals opened, updated or closed per pass at most")

@@ -332,3 +332,19 @@ def test_a_failing_subject_never_stops_the_others_and_a_rate_limit_ends_the_pass
     fake_github.script(Fault.rate_limited(retry_after=60), endpoint="pulls")
     assert [(o.backend, o.action) for o in proposer.propose_once()] == [("l1", "failed")]
     assert [o.backend for o in proposer.propose_once()] == ["l1", "l2", "l3", "l4"]
+
+
+def test_proposal_settings(monkeypatch):
+    from relay.settings import SettingsError, load_settings
+
+    base = dict(webhook_secrets="s", github_token="t", database_url="sqlite://")
+    assert load_settings(**base).proposals_repository is None  # off unless set
+    monkeypatch.setenv("RELAY_PROPOSALS_DESCRIPTOR_PATHS", '{"l4": "ci/l4.yaml"}')
+    settings = load_settings(**base, proposals_repository=DESCRIPTORS)
+    proposer = Proposer.from_settings(settings, None, None, [])
+    assert (proposer.path_of("l4"), proposer.path_of("cuda")) == ("ci/l4.yaml", "backends/cuda.yaml")
+    with pytest.raises(SettingsError, match=r"RELAY_PROPOSALS_DESCRIPTOR_PATH: 'backends/x.yaml' must be a path "
+                                            r"inside the repository containing \{name\}"):
+        load_settings(**base, proposals_descriptor_path="backends/x.yaml")
+    with pytest.raises(SettingsError, match="RELAY_PROPOSALS_REPOSITORY: String should match pattern"):
+        load_settings(**base, proposals_repository="not a repository")
