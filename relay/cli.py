@@ -1,4 +1,4 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review [--json]``.
+"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review|propose [--json]``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
 stops start-up with a message naming it (exit 2). Each subcommand is a function registered with

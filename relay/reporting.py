@@ -143,6 +143,16 @@ def decide(run: RunView, target: BackendTarget, pr_labels: tuple[str, ...] | Non
     return Decision("completed", conclusion, f"completed:{conclusion}")
 
 
+def _level_version(pending: PendingReport, target: BackendTarget | None) -> dt.datetime | None:
+    """The backend level version this decision is made from: the store's, once this process decides
+    with the level the store holds (a process that has not reloaded the descriptors yet keeps the
+    version it decided from, so the run stays pending until it has)."""
+    previous = pending.previous.level_changed_at if pending.previous is not None else None
+    if pending.backend_level is None or target is None or target.level.value != pending.backend_level:
+        return previous
+    return pending.level_changed_at
+
+
 def _counts_line(run: RunView) -> str:
     counts = (run.summary or {}).get("counts")
     if not counts:
@@ -286,11 +296,13 @@ class Reporter:
             split = Failures.split(target, self.store.test_results([run.id], FAILING_OUTCOMES), utcnow().date())
             if split.only_quarantined(run):
                 decision = decide(run, target, pending.labels, only_quarantined=True)
-        versions = {"run_updated_at": run.updated_at, "labels_recorded_at": pending.labels_recorded_at}
+        versions = {"run_updated_at": run.updated_at, "labels_recorded_at": pending.labels_recorded_at,
+                    "level_changed_at": _level_version(pending, target)}
         if decision is None or (previous is not None and previous.state == decision.key):
             # Nothing new to show: keep what is upstream (a check is never taken back), note the versions.
             outcome = "not_shown" if decision is None else "unchanged"
-            if previous is None or (previous.run_updated_at, previous.labels_recorded_at) != tuple(versions.values()):
+            if previous is None or (previous.run_updated_at, previous.labels_recorded_at,
+                                    previous.level_changed_at) != tuple(versions.values()):
                 self.store.record_reported_state(
                     run.id, self.mode, previous.state if previous else NOT_SHOWN,
                     last_error=previous.last_error if previous else None, **versions)

@@ -1,10 +1,11 @@
-"""The results side, assembled: callback service, upstream reporter, sweeper and re-run watcher.
+"""The results side, assembled: callback service, upstream reporter, sweeper, re-run watcher and proposals.
 
 Triggered by :func:`relay.app.create_app` (``build``) and the app's lifespan (``start``/``stop``).
 Reads the settings and the backend descriptors (callback tokens, levels, labels); writes nothing
 itself. The parts talk through store rows (Prow style): the dispatcher creates runs, callbacks and the
 sweeper change them, and each only wakes the reporting worker, which finds what to report by query;
-the re-run watcher writes outbox rows and wakes the dispatcher.
+the re-run watcher writes outbox rows and wakes the dispatcher. The proposals pass (only with
+``RELAY_PROPOSALS_REPOSITORY``) reads runs and test results and writes pull requests on GitHub.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from relay.callbacks import CallbackService, RateLimiter, ReportLimits
 from relay.oidc import CallerAuth, JwksCache, OidcVerifier
+from relay.proposals import Proposer
 from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker
 from relay.rerun import RerunWatcher
 from relay.sweeper import Sweeper
@@ -32,14 +34,15 @@ class ResultsSide:
     reporting: ReportingWorker | None
     sweeper: Sweeper | None
     reruns: RerunWatcher
+    proposals: Proposer | None = None
 
     def start(self) -> None:
-        for part in (self.reporting, self.sweeper, self.reruns):
+        for part in (self.reporting, self.sweeper, self.reruns, self.proposals):
             if part is not None:
                 part.start()
 
     def stop(self) -> None:
-        for part in (self.reruns, self.sweeper, self.reporting):
+        for part in (self.proposals, self.reruns, self.sweeper, self.reporting):
             if part is not None:
                 part.stop()
 
@@ -87,4 +90,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
     )
     if dispatcher is not None:
         dispatcher.on_sent = side.run_changed
+    if settings.proposals_repository:
+        side.proposals = Proposer.from_settings(settings, store, github, allowlist, registry=metrics.registry)
+    else:
+        log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
     return side

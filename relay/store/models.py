@@ -11,6 +11,7 @@ from relay.store.dispatches import Dispatch
 from relay.store.pull_requests import PullRequest
 from relay.store.callback_nonces import ExpiredNonceRow
 from relay.store.credential_gates import CredentialGateRow
+from relay.store.level_holds import LevelHoldRow
 from relay.store.oidc_identities import OidcIdentityRow
 from relay.store.probes import StoreProbe
 from relay.store.quarantine import QuarantinedRow
@@ -21,6 +22,7 @@ from relay.store.runs import RunRow
 from relay.store.per_test_results import TestResultRow
 
 __all__ = [
-    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "OidcIdentityRow", "PullRequest",
-    "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "ResultBatchRow", "RunRow", "StoreProbe", "TestResultRow",
+    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "LevelHoldRow", "OidcIdentityRow",
+    "PullRequest", "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "ResultBatchRow", "RunRow", "StoreProbe",
+    "TestResultRow",
 ]

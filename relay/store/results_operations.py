@@ -223,6 +223,14 @@ class ResultsOperations:
             return per_test_results.flaky(session, when, test_id=test_id, backend=backend, limit=limit)
 
     @guarded
+    def newest_results_matching(self, backend: str, pattern: str, *, since: dt.datetime, per_test: int,
+                                max_tests: int = 50) -> dict[str, list[per_test_results.TestResultView]]:
+        """Each matching test's newest counted results (see ``per_test_results.newest_matching``)."""
+        with self._reading() as session:
+            return per_test_results.newest_matching(session, backend, pattern, since=since, per_test=per_test,
+                                                    max_tests=max_tests)
+
+    @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
         with self._reading() as session:
             row = session.get(dispatches.Dispatch, dispatch_id)
@@ -255,16 +263,20 @@ class ResultsOperations:
     def record_reported_state(
         self, run_pk: int, target: str, state: str, *, external_id: int | None = None, last_error: str | None = None,
         run_updated_at: dt.datetime | None = None, labels_recorded_at: dt.datetime | None = None,
+        level_changed_at: dt.datetime | None = None,
     ) -> None:
-        """What reporting decided for a run, and from which run and label versions (see ``reports_pending``)."""
+        """What reporting decided for a run, and from which run, label and backend level versions (see
+        ``reports_pending``)."""
         with self._transaction() as session:
             reported_states.put(session, run_pk, target, state, external_id=external_id, last_error=last_error,
-                                now=utcnow(), run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at)
+                                now=utcnow(), run_updated_at=run_updated_at, labels_recorded_at=labels_recorded_at,
+                                level_changed_at=level_changed_at)
 
     @guarded
     def reports_pending(self, target: str, *, since: dt.datetime, limit: int = 200,
                         skip: Sequence[int] = ()) -> list[reported_states.PendingReport]:
-        """Runs whose state or PR labels changed after what was last decided for ``target``."""
+        """Runs whose state, PR labels or (at an open PR's head) backend level changed after what was
+        last decided for ``target``."""
         with self._transaction() as session:
             return reported_states.pending(session, target, since=since, limit=limit, skip=tuple(skip))
 

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from relay.store import backends, credential_gates, deliveries, dispatches, probes, pull_requests, quarantine, runs
+from relay.store import (
+    backends, credential_gates, deliveries, dispatches, level_holds, probes, pull_requests, quarantine, runs,
+)
 from relay.store.base import utcnow
 from relay.store.database import READ_ONLY, create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
@@ -308,12 +310,44 @@ class Store(ResultsOperations):
 
     # --- backends -------------------------------------------------------------------------------
     @guarded
-    def sync_backends(self, targets: Sequence[BackendTarget]) -> None:
-        """Record the allowlist as loaded; backends no longer in it are kept, inactive."""
+    def sync_backends(self, targets: Sequence[BackendTarget]) -> dict[str, tuple[str, str]]:
+        """Record the allowlist as loaded; backends no longer in it are kept, inactive. Returns
+        {backend: (old level, new level)} for each level it changed (the level's version moves on)."""
         with self._transaction() as session:
-            backends.sync(session, list(targets), utcnow())
+            return backends.sync(session, list(targets), utcnow())
 
     @guarded
     def backends(self) -> list[backends.BackendRecord]:
         with self._reading() as session:
             return backends.all_records(session)
+
+    # --- level holds (a backend below its level's hold bar; see ``level_holds``) --------------------
+    @guarded
+    def current_level_hold(self, backend: str) -> level_holds.LevelHold | None:
+        """The backend's active hold (below its bar since ``started_at``), or None."""
+        with self._reading() as session:
+            return level_holds.current(session, backend)
+
+    @guarded
+    def level_holds(self, backend: str, *, limit: int = 20) -> list[level_holds.LevelHold]:
+        """The backend's holds, newest first (the active one, if any, first)."""
+        with self._reading() as session:
+            return level_holds.history(session, backend, limit)
+
+    @guarded
+    def start_level_hold(self, backend: str, level: str, reason: str) -> level_holds.LevelHold:
+        """Open a hold (or return the active one, noted below its bar again)."""
+        with self._transaction() as session:
+            return level_holds.start(session, backend, level, reason, utcnow())
+
+    @guarded
+    def mark_level_hold_above_bar(self, backend: str) -> level_holds.LevelHold | None:
+        """Note that the backend of the active hold meets its bar again (from now, unless already noted)."""
+        with self._transaction() as session:
+            return level_holds.mark_above(session, backend, utcnow())
+
+    @guarded
+    def end_level_hold(self, backend: str, ended_by: str) -> level_holds.LevelHold | None:
+        """End the active hold, saying who or what ended it; None when there is none."""
+        with self._transaction() as session:
+            return level_holds.end(session, backend, ended_by, utcnow())

@@ -4,7 +4,7 @@ Used by :class:`relay.testing.FakeGitHub` for every request it serves. The descr
 GitHub publishes (npm ``@octokit/openapi``, ``generated/api.github.com.deref.json``, ~70 MB): found
 through ``$GITHUB_OPENAPI_DESCRIPTION``, else under ``.octokit/node_modules`` of this checkout (where
 ``.ci/run`` installs it). The operations the fake serves are cut out of it once and kept next to it
-(``.fake-github-operations-v2.json``), so a test process reads a few kilobytes, not the whole file.
+(``.fake-github-operations-v3.json``), so a test process reads a few kilobytes, not the whole file.
 
 OpenAPI 3.0 schemas are JSON Schema draft 4 plus ``nullable``: a nullable type also admits ``null``.
 """
@@ -32,7 +32,14 @@ OPERATIONS = (
     ("post", "/repos/{owner}/{repo}/check-runs/{check_run_id}/rerequest"),
     ("post", "/repos/{owner}/{repo}/actions/runs/{run_id}/rerun"),
     ("post", "/app/installations/{installation_id}/access_tokens"),
+    ("post", "/repos/{owner}/{repo}/git/refs"),
+    ("patch", "/repos/{owner}/{repo}/git/refs/{ref}"),
+    ("put", "/repos/{owner}/{repo}/contents/{path}"),
+    ("post", "/repos/{owner}/{repo}/pulls"),
+    ("patch", "/repos/{owner}/{repo}/pulls/{pull_number}"),
 )
+# Parameters that span path segments (a file path, heads/<branch with slashes>).
+_MULTI_SEGMENT = ("{path}", "{ref}")
 
 
 def default_description() -> Path | None:
@@ -74,7 +81,7 @@ def _extract(description: Path) -> dict[str, Any]:
 @functools.lru_cache(maxsize=4)
 def _operations(description: str) -> dict[str, Any]:
     path = Path(description)
-    cache = path.with_name(".fake-github-operations-v2.json")
+    cache = path.with_name(".fake-github-operations-v3.json")
     try:
         cached = json.loads(cache.read_text())
         if cached.get("size") == path.stat().st_size and set(cached["operations"]) == {f"{m.upper()} {t}" for m, t in OPERATIONS}:
@@ -99,7 +106,10 @@ class GitHubOpenApi:
         self._routes: list[tuple[str, re.Pattern[str], Any, bool]] = []
         for key, operation in _operations(str(description)).items():
             method, template = key.split(" ", 1)
-            pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
+            expression = re.escape(template)
+            for parameter in _MULTI_SEGMENT:
+                expression = expression.replace(re.escape(parameter), ".+")
+            pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", expression) + "$")
             schema = operation["schema"]
             validator = jsonschema.Draft4Validator(schema) if schema else None
             self._routes.append((method, pattern, validator, operation["required"]))

@@ -95,9 +95,11 @@ def test_outbox_depth_counts_states(store):
 def test_backends_sync_marks_removed_ones_inactive(store):
     store.sync_backends([BackendTarget("a", "org/a", TrustLevel.L1, "ciflow/crcr/a"),
                          BackendTarget("b", "org/b", TrustLevel.L3, "x")])
-    store.sync_backends([BackendTarget("b", "org/b2", TrustLevel.L4, "x")])
-    assert store.backends() == [BackendRecord("a", "org/a", "L1", "ciflow/crcr/a", active=False),
-                                BackendRecord("b", "org/b2", "L4", "x", active=True)]
+    assert store.sync_backends([BackendTarget("b", "org/b2", TrustLevel.L4, "x")]) == {"b": ("L3", "L4")}
+    a, b = store.backends()
+    assert a == BackendRecord("a", "org/a", "L1", "ciflow/crcr/a", active=False)
+    assert b.level_changed_at is not None  # the level's version moved on
+    assert b == BackendRecord("b", "org/b2", "L4", "x", active=True, level_changed_at=b.level_changed_at)
 
 
 def test_pull_request_labels_newest_snapshot_wins(store):

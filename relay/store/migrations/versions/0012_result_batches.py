@@ -3,7 +3,7 @@ final transition, which makes them visible by setting ``runs.results_batch`` (se
 ``relay.store.result_batches``); existing results and runs are batch 0, so they stay visible.
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0010
 Create Date: results in their own transactions
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
