@@ -153,7 +153,8 @@ class FakeGitHub(LoopbackServer):
     ``check_bodies`` (default on): when GitHub's REST description is installed
     (:mod:`relay.testing.github_openapi`), every request body is validated against its operation's
     schema; a body GitHub would refuse is answered 422 with the problems, as GitHub does, and kept in
-    ``schema_violations``. ``openapi`` is the validator in use (None when the description is absent).
+    ``schema_violations``. The fake's own answers for files and branches are checked against GitHub's
+    response schemas, and any misfit is kept in ``answer_violations``. ``openapi`` is the validator in use (None when the description is absent).
     """
 
     def __init__(
@@ -191,6 +192,8 @@ class FakeGitHub(LoopbackServer):
         self._ids = itertools.count(1000)
         self.openapi = GitHubOpenApi.installed() if check_bodies else None
         self.schema_violations: list[tuple[str, str, list[str]]] = []
+        # Answers of the fake that do not fit GitHub's response schemas (relay.testing.github_openapi.RESPONSES).
+        self.answer_violations: list[tuple[str, str, list[str]]] = []
 
     # --- lifecycle ------------------------------------------------------------------------------
     def handler(self) -> type[BaseHTTPRequestHandler]:
@@ -376,7 +379,13 @@ class FakeGitHub(LoopbackServer):
                     if refused[0] >= 400:
                         return refused
                 return 422, {}, {"message": "Invalid request.\n\n" + "; ".join(problems)}
-        return answer(params, repo, body)
+        status, extra, out = answer(params, repo, body)
+        if self.openapi is not None:
+            problems = self.openapi.answer_problems(method, path, status, out)
+            if problems:
+                with self._lock:
+                    self.answer_violations.append((method, path, problems))
+        return status, extra, out
 
     def _on_dispatches(self, params, repo, body):
         if not isinstance(body, dict):

@@ -115,7 +115,7 @@ def test_files_branches_and_pull_requests_through_the_client(fake_github):
     gh.update_pull_request(DESCRIPTORS, listed["number"], body="new", state="closed")
     assert gh.pull_requests_from(DESCRIPTORS, "relay/level/l4", base="main")[0]["state"] == "closed"
     assert gh.pull_requests_from(DESCRIPTORS, "relay/other", base="main") == []
-    assert fake_github.schema_violations == []
+    assert fake_github.schema_violations == [] and fake_github.answer_violations == []
 
 
 # --- the pass, end to end ----------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_proposals_open_update_close_and_respect_a_person(driven):
     relay.store.end_level_hold("l4", "restored: the runner was fixed")
     assert {o.branch: o.action for o in proposer().propose_once()}[level_branch("l4")] == "closed"
     assert "no active level hold has it below its bar" in fake.pull_requests(DESCRIPTORS)[reopened["number"] - 1]["body"]
-    assert fake.schema_violations == []
+    assert fake.schema_violations == [] and fake.answer_violations == []
 
 
 def test_nothing_is_proposed_without_a_descriptor_repository(database_url, results_relay, monkeypatch, capsys,  # noqa: F811
