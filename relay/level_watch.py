@@ -2,7 +2,7 @@
 hold once it is back above its bar for the configured time.
 
 Triggered every ``RELAY_LEVEL_WATCH_SECONDS`` by its own thread (started with the app), or once by
-``watch_once()``. Reads the finished runs of the longest criterion window and, per backend, the level
+``watch_once()``. Reads the runs of the longest ``hold`` criterion window (one query) and, per backend, the level
 review's recommendation (:func:`relay.level_review.recommend`, the criteria of
 :data:`relay.trust.LEVEL_CRITERIA` with the ``RELAY_LEVEL_*`` overrides); writes level holds
 (:mod:`relay.store.level_holds`). Per backend whose level sends results back:
@@ -67,7 +67,8 @@ class LevelWatch:
         when some backends failed."""
         now = now or utcnow()
         targets = [t for t in self.targets if t.accepts_results]
-        days = max((lc.window_days for lc in self.criteria.values()), default=0)  # the longest window of any level
+        # The longest hold window of any level (entry criteria decide promotions, which the watch leaves alone).
+        days = max((c.window_days for lc in self.criteria.values() for c in lc.hold), default=0)
         runs = self.store.runs(since=now - dt.timedelta(days=days), until=now) if targets else []
         outcomes: dict[str, str] = {}
         failed: list[str] = []
