@@ -1,4 +1,4 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]``, ``relay levels review [--json]`` and
+"""The ``relay`` command: ``relay serve [--host] [--port]``, ``relay levels review|propose [--json]`` and
 ``relay levels restore <backend> --reason TEXT``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting

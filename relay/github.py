@@ -13,6 +13,10 @@ Auth: a token (``RELAY_GITHUB_TOKEN``), or a GitHub App whose installation token
 downstream repository and refreshed before it expires. ``credential_for(repo)`` names the credential a
 repository's calls are charged to, so that rate limits are honoured per credential.
 
+Also triggered by the level-change proposals (:mod:`relay.proposals`): a file's content at a ref, a
+branch created or moved, a file updated on a branch (the contents API), the pull requests of a head
+branch, a pull request opened or updated.
+
 Calls go through the github3 session (``session.post`` etc.) rather than github3's object helpers:
 ``repository_dispatch`` has no helper, and the helpers for statuses and check runs would first fetch
 the repository, doubling the requests that count against the limits.
@@ -20,11 +24,14 @@ the repository, doubling the requests that count against the limits.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import github3
 import requests
@@ -38,6 +45,7 @@ __all__ = [
     "InstallationToken",
     "PermanentError",
     "RateLimitedError",
+    "RepositoryFile",
     "RetryableError",
 ]
 
@@ -89,6 +97,15 @@ class InstallationToken:
     installation_id: int
     token: str = dataclasses.field(repr=False)
     expires_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class RepositoryFile:
+    """A file as the contents API returns it: its path, blob sha (needed to update it) and bytes."""
+
+    path: str
+    sha: str
+    content: bytes = dataclasses.field(repr=False)
 
 
 class DispatchSender(Protocol):
@@ -295,16 +312,18 @@ class GitHubClient:
             raise RetryableError(detail, status=status, credential=credential)
         raise PermanentError(detail, status=status, credential=credential)
 
-    def _request(self, method: str, repository: str, path: str, expect: int, *, what: str, json: Any = None) -> CallResult:
+    def _request(self, method: str, repository: str, path: str, expect: int | Collection[int], *, what: str,
+                 json: Any = None, params: dict[str, Any] | None = None) -> CallResult:
         gh, credential = self._client_for(repository)
         url = f"{self.api_url}/repos/{repository}/{path}"
+        expected = (expect,) if isinstance(expect, int) else tuple(expect)
         try:
-            response = gh.session.request(method, url, json=json, timeout=(self._timeout, self._timeout))
+            response = gh.session.request(method, url, json=json, params=params, timeout=(self._timeout, self._timeout))
         except requests.RequestException as exc:
             raise RetryableError(f"{what}: network error: {type(exc).__name__}", credential=credential) from None
-        if response.status_code != expect:
+        if response.status_code not in expected:
             if 200 <= response.status_code < 300:
-                raise PermanentError(f"{what}: expected {expect}, got {response.status_code}", status=response.status_code, credential=credential)
+                raise PermanentError(f"{what}: expected {' or '.join(map(str, expected))}, got {response.status_code}", status=response.status_code, credential=credential)
             self._raise_for(response, credential, what)
         with self._lock:
             self._secondary_hits.pop(credential, None)
@@ -354,3 +373,76 @@ class GitHubClient:
         return self._request(
             "PATCH", repository, f"check-runs/{check_run_id}", 200, what=f"check run {check_run_id} on {repository}", json=body,
         )
+
+    # --- files, branches and pull requests (level-change proposals) ------------------------------
+    def _found(self, call) -> CallResult | None:
+        """The call's result, or None where GitHub answers 404 (no such file, branch or pull request)."""
+        try:
+            return call()
+        except PermanentError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def file_at(self, repository: str, path: str, ref: str) -> RepositoryFile | None:
+        """GET /repos/{repo}/contents/{path}?ref= -> the file (None: no such file or ref)."""
+        found = self._found(lambda: self._request(
+            "GET", repository, f"contents/{quote(path)}", 200, what=f"read {path} at {ref} of {repository}",
+            params={"ref": ref},
+        ))
+        if found is None:
+            return None
+        data = found.data if isinstance(found.data, dict) else {}
+        if data.get("type") != "file" or data.get("encoding") != "base64":
+            raise PermanentError(f"{path} at {ref} of {repository} is not a file GitHub returns in base64",
+                                 status=found.status, credential=found.credential)
+        return RepositoryFile(path=data["path"], sha=data["sha"], content=base64.b64decode(data["content"]))
+
+    def branch_head(self, repository: str, branch: str) -> str | None:
+        """GET /repos/{repo}/git/ref/heads/{branch} -> the commit the branch points at (None: no such branch)."""
+        found = self._found(lambda: self._request(
+            "GET", repository, f"git/ref/heads/{quote(branch)}", 200, what=f"read branch {branch} of {repository}",
+        ))
+        return None if found is None else found.data["object"]["sha"]
+
+    def create_branch(self, repository: str, branch: str, sha: str) -> CallResult:
+        """POST /repos/{repo}/git/refs: a new branch at commit ``sha`` (201; 422 when it exists)."""
+        return self._request("POST", repository, "git/refs", 201, what=f"create branch {branch} on {repository}",
+                             json={"ref": f"refs/heads/{branch}", "sha": sha})
+
+    def move_branch(self, repository: str, branch: str, sha: str, *, force: bool = False) -> CallResult:
+        """PATCH /repos/{repo}/git/refs/heads/{branch}: point it at ``sha`` (``force``: even if not a fast-forward)."""
+        return self._request("PATCH", repository, f"git/refs/heads/{quote(branch)}", 200,
+                             what=f"move branch {branch} of {repository}", json={"sha": sha, "force": force})
+
+    def put_file(self, repository: str, path: str, *, content: bytes, message: str, branch: str,
+                 sha: str | None) -> CallResult:
+        """PUT /repos/{repo}/contents/{path}: commit ``content`` on ``branch``; ``sha`` is the blob replaced
+        (None: a new file). 200 on update, 201 on create; ``data["commit"]["sha"]`` is the new commit."""
+        body: dict[str, Any] = {"message": message, "content": base64.b64encode(content).decode(), "branch": branch}
+        if sha is not None:
+            body["sha"] = sha
+        return self._request("PUT", repository, f"contents/{quote(path)}", (200, 201),
+                             what=f"commit {path} on {branch} of {repository}", json=body)
+
+    def pull_requests_from(self, repository: str, branch: str, *, base: str, limit: int = 5) -> list[dict[str, Any]]:
+        """GET /repos/{repo}/pulls?state=all&head=owner:branch: the newest pull requests from ``branch`` of the
+        same repository into ``base``, newest first (open and closed; ``merged_at`` set on merged ones)."""
+        owner = repository.split("/", 1)[0]
+        found = self._request(
+            "GET", repository, "pulls", 200, what=f"list pull requests from {branch} on {repository}",
+            params={"state": "all", "head": f"{owner}:{branch}", "base": base, "sort": "created",
+                    "direction": "desc", "per_page": limit},
+        )
+        return list(found.data or [])
+
+    def create_pull_request(self, repository: str, *, title: str, head: str, base: str, body: str) -> CallResult:
+        """POST /repos/{repo}/pulls (201; ``data["number"]``, ``data["html_url"]``)."""
+        return self._request("POST", repository, "pulls", 201, what=f"open a pull request from {head} on {repository}",
+                             json={"title": title, "head": head, "base": base, "body": body})
+
+    def update_pull_request(self, repository: str, number: int, **fields: Any) -> CallResult:
+        """PATCH /repos/{repo}/pulls/{number}: ``title``, ``body``, ``state`` (open|closed) (200)."""
+        body = {k: v for k, v in fields.items() if v is not None}
+        return self._request("PATCH", repository, f"pulls/{number}", 200,
+                             what=f"update pull request #{number} on {repository}", json=body)

@@ -329,8 +329,9 @@ def criteria_from_settings(settings) -> dict[TrustLevel, LevelCriteria]:
 
 
 def _review_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["review", "restore"],
-                        help="review: recommend promotions and demotions; restore: end a backend's level hold")
+    parser.add_argument("action", choices=["review", "propose", "restore"],
+                        help="review: recommend promotions and demotions; propose: open or update their pull "
+                             "requests on RELAY_PROPOSALS_REPOSITORY (one pass); restore: end a backend's level hold")
     parser.add_argument("backend", nargs="?", help="restore: the backend whose level hold ends")
     parser.add_argument("--reason", help="restore: why (stored with the hold's end)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -348,6 +349,11 @@ def review_json(r: LevelReview) -> dict:
 
 def levels_command(args: argparse.Namespace) -> int:
     from conformance.descriptors import packaged_backends_dir
+
+    if args.action == "propose":
+        from relay.proposals import propose_command
+
+        return propose_command(args)
 
     from relay.settings import load_settings
     from relay.store import Store

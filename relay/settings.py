@@ -174,6 +174,24 @@ class Settings(BaseSettings):
         30.0, ge=0, description="how often relay serve checks the descriptor files for changes (0: only on SIGHUP)",
     )
 
+    # --- level-change and quarantine-release proposals (pull requests on the descriptor repository)
+    proposals_repository: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$",
+        description="owner/name of the repository holding the backend descriptors; unset: nothing is proposed",
+    )
+    proposals_base_branch: str = Field("main", min_length=1, description="branch the proposals are made against")
+    proposals_descriptor_path: str = Field(
+        "backends/{name}.yaml", description="path of a backend's descriptor in that repository ({name}: the backend)",
+    )
+    proposals_descriptor_paths: dict[str, str] = Field(
+        default_factory=dict, description="per-backend paths that differ from the pattern, as JSON: {\"cuda\": \"ci/cuda.yaml\"}",
+    )
+    proposals_demote_after_seconds: float = Field(
+        3 * 86400.0, gt=0, description="a demotion is proposed once the backend's level hold has had it below its bar this long",
+    )
+    proposals_interval_seconds: float = Field(3600.0, gt=0, description="how often the proposals pass runs")
+    proposals_max_per_pass: int = Field(20, ge=1, description="proposals opened, updated or closed per pass at most")
+
     # --- observability
     metrics_token: SecretStr | None = Field(
         None, description="if set, GET /metrics needs 'Authorization: Bearer <token>'; unset: /metrics is open",
@@ -207,6 +225,13 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value.rstrip("/")
+
+    @field_validator("proposals_descriptor_path")
+    @classmethod
+    def _names_the_backend(cls, value: str) -> str:
+        if "{name}" not in value or value.startswith("/"):
+            raise ValueError(f"{value!r} must be a path inside the repository containing {{name}}, e.g. backends/{{name}}.yaml")
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -58,6 +58,7 @@ __all__ = [
     "Measure",
     "PR_ACTIONS",
     "QuarantinedTest",
+    "RELEASE_AFTER_PASSES",
     "BackendTarget",
     "Comparison",
     "DisplayOnPR",
@@ -179,6 +180,11 @@ LEVEL_CRITERIA: dict[TrustLevel, LevelCriteria] = {
     TrustLevel.L3: LevelCriteria(hold=_SHOWN_ON_PR, entry=_ENTRY_AFTER_A_MONTH),
     TrustLevel.L4: LevelCriteria(hold=_SHOWN_ON_PR, entry=_ENTRY_AFTER_A_MONTH),
 }
+
+
+# A quarantined test whose newest this many counted results on a backend all passed is proposed for
+# release (the test page says so; the proposals pass opens the pull request).
+RELEASE_AFTER_PASSES = 10
 
 
 def criteria(level: TrustLevel) -> LevelCriteria:

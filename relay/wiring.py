@@ -1,10 +1,12 @@
-"""The results side, assembled: callback service, upstream reporter, sweeper, re-run watcher and level watch.
+"""The results side, assembled: callback service, upstream reporter, sweeper, re-run watcher, level watch and
+proposals.
 
 Triggered by :func:`relay.app.create_app` (``build``) and the app's lifespan (``start``/``stop``).
 Reads the settings and the backend descriptors (callback tokens, levels, labels); writes nothing
 itself. The parts talk through store rows (Prow style): the dispatcher creates runs, callbacks and the
 sweeper change them, and each only wakes the reporting worker, which finds what to report by query;
-the re-run watcher writes outbox rows and wakes the dispatcher.
+the re-run watcher writes outbox rows and wakes the dispatcher. The proposals pass (only with
+``RELAY_PROPOSALS_REPOSITORY``) reads runs and test results and writes pull requests on GitHub.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from relay.callbacks import CallbackService, RateLimiter, ReportLimits
 from relay.level_review import criteria_from_settings
 from relay.level_watch import LevelWatch
 from relay.oidc import CallerAuth, JwksCache, OidcVerifier
+from relay.proposals import Proposer
 from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker
 from relay.rerun import RerunWatcher
 from relay.sweeper import Sweeper
@@ -35,20 +38,21 @@ class ResultsSide:
     sweeper: Sweeper | None
     reruns: RerunWatcher
     level_watch: LevelWatch | None = None
+    proposals: Proposer | None = None
 
     def start(self) -> None:
-        for part in (self.reporting, self.sweeper, self.reruns, self.level_watch):
+        for part in (self.reporting, self.sweeper, self.reruns, self.level_watch, self.proposals):
             if part is not None:
                 part.start()
 
     def stop(self) -> None:
-        for part in (self.level_watch, self.reruns, self.sweeper, self.reporting):
+        for part in (self.proposals, self.level_watch, self.reruns, self.sweeper, self.reporting):
             if part is not None:
                 part.stop()
 
     def problems(self) -> list[str]:
         """One sentence per background worker whose passes keep failing (``/healthz``)."""
-        parts = (self.sweeper, self.reruns, self.level_watch)
+        parts = (self.sweeper, self.reruns, self.level_watch, self.proposals)
         return [p for p in (part.problem() for part in parts if part is not None) if p]
 
     def use_allowlist(self, allowlist) -> None:
@@ -58,8 +62,9 @@ class ResultsSide:
         if self.reporter is not None:
             self.reporter.targets = by_name
         self.reruns.backends = by_name
-        if self.level_watch is not None:
-            self.level_watch.targets = tuple(allowlist)
+        for part in (self.level_watch, self.proposals):
+            if part is not None:
+                part.targets = tuple(allowlist)
 
     def run_changed(self, _run_pk: int | None = None) -> None:
         """A run row changed: reporting looks now (it reads what changed from the store)."""
@@ -105,4 +110,8 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
                                       interval_seconds=settings.level_watch_seconds)
     if dispatcher is not None:
         dispatcher.on_sent = side.run_changed
+    if settings.proposals_repository:
+        side.proposals = Proposer.from_settings(settings, store, github, allowlist, registry=metrics.registry)
+    else:
+        log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
     return side

@@ -26,13 +26,14 @@ from pydantic import BaseModel, Field
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
 from relay.store.base import utcnow
+from relay.trust import RELEASE_AFTER_PASSES
+
 router = APIRouter()
 
 PAGE = 100  # tests failing now per page
 MAX_PAGE = 500
 STREAK_LIMIT = 50  # results walked back per test for its streak
 FLAKY_DAYS = 30  # how far back the test page looks for flaky evidence
-RELEASE_AFTER_PASSES = 10
 
 
 class HistoryItem(BaseModel):

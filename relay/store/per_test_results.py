@@ -22,7 +22,8 @@ from relay.store.base import Base
 from relay.store.runs import RunRow
 
 __all__ = [
-    "FAILING_OUTCOMES", "FailingStreak", "FlakyEvidence", "NewTestResult", "TestResultRow", "TestResultView", "test_id_of",
+    "FAILING_OUTCOMES", "FailingStreak", "FlakyEvidence", "NewTestResult", "TestResultRow", "TestResultView", "newest_matching",
+    "test_id_of",
 ]
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
@@ -241,3 +242,30 @@ def flaky(session: Session, when: dt.datetime, *, test_id: str | None = None, ba
         (ok if outcome == "passed" else bad).append(run_pk)
     return [FlakyEvidence(b, t, c, tuple(dict.fromkeys(ok)), tuple(dict.fromkeys(bad)), seen)
             for (b, t, c), (ok, bad, seen) in found.items()]
+
+
+def _like(glob: str) -> str:
+    """A descriptor pattern (``*`` = any run of characters, the rest literal) as a LIKE pattern (escape ``\\``)."""
+    escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%")
+
+
+def newest_matching(session: Session, backend: str, pattern: str, *, since: dt.datetime, per_test: int,
+                    max_tests: int) -> dict[str, list[TestResultView]]:
+    """For each test of ``backend`` whose id matches ``pattern`` (a quarantine entry's ``match``) with a
+    result since ``since``: its newest ``per_test`` counted results (skips and xfails say nothing), newest
+    first. At most ``max_tests`` tests, in id order. LIKE is case-insensitive on SQLite: the caller
+    compares ids with the pattern itself too."""
+    ids = session.scalars(
+        select(TestResultRow.test_id).where(
+            TestResultRow.backend == backend, TestResultRow.recorded_at >= since,
+            TestResultRow.test_id.like(_like(pattern), escape="\\"),
+        ).distinct().order_by(TestResultRow.test_id).limit(max_tests)
+    ).all()
+    return {
+        test_id: _views(session, _with_pr_number().where(
+            TestResultRow.backend == backend, TestResultRow.test_id == test_id,
+            TestResultRow.outcome.not_in(_NOT_COUNTED),
+        ).order_by(TestResultRow.recorded_at.desc(), TestResultRow.id.desc()).limit(per_test))
+        for test_id in ids
+    }

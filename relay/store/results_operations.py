@@ -156,6 +156,14 @@ class ResultsOperations:
             return per_test_results.flaky(session, when, test_id=test_id, backend=backend, limit=limit)
 
     @guarded
+    def newest_results_matching(self, backend: str, pattern: str, *, since: dt.datetime, per_test: int,
+                                max_tests: int = 50) -> dict[str, list[per_test_results.TestResultView]]:
+        """Each matching test's newest counted results (see ``per_test_results.newest_matching``)."""
+        with self._reading() as session:
+            return per_test_results.newest_matching(session, backend, pattern, since=since, per_test=per_test,
+                                                    max_tests=max_tests)
+
+    @guarded
     def dispatch_payload(self, dispatch_id: int) -> dict[str, Any] | None:
         with self._reading() as session:
             row = session.get(dispatches.Dispatch, dispatch_id)

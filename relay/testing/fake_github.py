@@ -13,6 +13,16 @@ exactly as to api.github.com (point ``RELAY_GITHUB_API_URL`` at ``gh.url``). It 
     GET|PATCH /repos/{o}/{r}/check-runs/{id}          read / update a check run
     POST  /repos/{o}/{r}/check-runs/{id}/rerequest    re-run a check run, 201
     POST  /repos/{o}/{r}/actions/runs/{id}/rerun      re-run a workflow run, 201
+    GET|PUT /repos/{o}/{r}/contents/{path}            a file at ?ref= (base64) / commit a file on a branch
+    GET   /repos/{o}/{r}/git/ref/heads/{branch}       a branch's commit
+    POST  /repos/{o}/{r}/git/refs                     create a branch, 201 (422 if it exists)
+    PATCH /repos/{o}/{r}/git/refs/heads/{branch}      move a branch (fast-forward unless force)
+    GET|POST /repos/{o}/{r}/pulls                     list (state, head, base, sort, direction, per_page) / open
+    GET|PATCH /repos/{o}/{r}/pulls/{number}           read / update (title, body, state)
+
+Repositories hold files in branches of commits (``add_file``, ``file``); pull requests can be merged or
+closed by a person (``merge_pull_request``, ``close_pull_request``). Blob shas are git's, so a test can
+compare them with ``git hash-object``.
 
 Request bodies are checked against GitHub's published REST description when it is installed
 (``relay.testing.github_openapi``): a body GitHub would refuse gets GitHub's 422.
@@ -26,8 +36,11 @@ bad_credentials (401), disconnect (connection closed without an answer).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import datetime as dt
+import hashlib
 import itertools
 import json
 import re
@@ -37,6 +50,7 @@ import time
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 from relay.testing.github_openapi import GitHubOpenApi
 from relay.testing.loopback import LoopbackServer
@@ -54,6 +68,15 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(rf"/repos/{_REPO}/check-runs/(?P<id>\d+)"), "check_run"),
     ("PATCH", re.compile(rf"/repos/{_REPO}/check-runs/(?P<id>\d+)"), "check_run"),
     ("POST", re.compile(rf"/repos/{_REPO}/actions/runs/(?P<id>\d+)/rerun"), "workflow_rerun"),
+    ("GET", re.compile(rf"/repos/{_REPO}/contents/(?P<path>.+)"), "contents"),
+    ("PUT", re.compile(rf"/repos/{_REPO}/contents/(?P<path>.+)"), "contents"),
+    ("GET", re.compile(rf"/repos/{_REPO}/git/ref/(?P<ref>.+)"), "git_ref"),
+    ("PATCH", re.compile(rf"/repos/{_REPO}/git/refs/(?P<ref>.+)"), "git_ref"),
+    ("POST", re.compile(rf"/repos/{_REPO}/git/refs"), "git_refs"),
+    ("GET", re.compile(rf"/repos/{_REPO}/pulls"), "pulls"),
+    ("POST", re.compile(rf"/repos/{_REPO}/pulls"), "pulls"),
+    ("GET", re.compile(rf"/repos/{_REPO}/pulls/(?P<number>\d+)"), "pull"),
+    ("PATCH", re.compile(rf"/repos/{_REPO}/pulls/(?P<number>\d+)"), "pull"),
     ("GET", re.compile(rf"/repos/{_REPO}"), "repository"),
 ]
 
@@ -130,7 +153,8 @@ class FakeGitHub(LoopbackServer):
     ``check_bodies`` (default on): when GitHub's REST description is installed
     (:mod:`relay.testing.github_openapi`), every request body is validated against its operation's
     schema; a body GitHub would refuse is answered 422 with the problems, as GitHub does, and kept in
-    ``schema_violations``. ``openapi`` is the validator in use (None when the description is absent).
+    ``schema_violations``. The fake's own answers for files and branches are checked against GitHub's
+    response schemas, and any misfit is kept in ``answer_violations``. ``openapi`` is the validator in use (None when the description is absent).
     """
 
     def __init__(
@@ -155,12 +179,21 @@ class FakeGitHub(LoopbackServer):
         self.revoked: set[str] = set()
         self.check_runs: dict[int, dict[str, Any]] = {}
         self.statuses: list[dict[str, Any]] = []
+        # Git: blob sha -> bytes; commit sha -> {"tree": {path: blob sha}, "parents": [...], "message": str};
+        # repository -> branch -> commit sha; repository -> number -> pull request.
+        self.blobs: dict[str, bytes] = {}
+        self.commits: dict[str, dict[str, Any]] = {}
+        self.branches: dict[str, dict[str, str]] = {}
+        self.pulls: dict[str, dict[int, dict[str, Any]]] = {}
+        self._clock = itertools.count(1)
         self._requests: list[RecordedRequest] = []
         self._faults: list[tuple[str | None, str | None, Fault]] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1000)
         self.openapi = GitHubOpenApi.installed() if check_bodies else None
         self.schema_violations: list[tuple[str, str, list[str]]] = []
+        # Answers of the fake that do not fit GitHub's response schemas (relay.testing.github_openapi.RESPONSES).
+        self.answer_violations: list[tuple[str, str, list[str]]] = []
 
     # --- lifecycle ------------------------------------------------------------------------------
     def handler(self) -> type[BaseHTTPRequestHandler]:
@@ -179,6 +212,62 @@ class FakeGitHub(LoopbackServer):
 
     def revoke(self, token: str) -> None:
         self.revoked.add(token)
+
+    def add_file(self, repository: str, path: str, content: bytes | str, *, branch: str = "main",
+                 message: str = "add a file") -> str:
+        """Commit ``content`` at ``path`` on ``branch`` (created if missing); returns the commit sha."""
+        data = content.encode() if isinstance(content, str) else content
+        repo = repository.lower()
+        with self._lock:
+            head = self.branches.setdefault(repo, {}).get(branch)
+            tree = dict(self.commits[head]["tree"]) if head else {}
+            tree[path] = self._store_blob(data)
+            self.branches[repo][branch] = self._commit(tree, [head] if head else [], message)
+            return self.branches[repo][branch]
+
+    def file(self, repository: str, path: str, ref: str = "main") -> bytes | None:
+        """The bytes of ``path`` at branch or commit ``ref`` (None: no such file)."""
+        with self._lock:
+            commit = self._resolve(repository.lower(), ref)
+            blob = None if commit is None else self.commits[commit]["tree"].get(path)
+            return None if blob is None else self.blobs[blob]
+
+    def pull_requests(self, repository: str) -> list[dict[str, Any]]:
+        """Every pull request of ``repository``, oldest first, as the API shows them."""
+        repo = repository.lower()
+        with self._lock:
+            return [self._pull_json(repo, pr) for _, pr in sorted(self.pulls.get(repo, {}).items())]
+
+    def merge_pull_request(self, repository: str, number: int) -> None:
+        """A person merges it (a three-way merge of files); ValueError on a conflict. The pull request closes."""
+        repo = repository.lower()
+        with self._lock:
+            pr = self.pulls[repo][number]
+            head = self.branches[repo][pr["head_ref"]]
+            base = self.branches[repo][pr["base_ref"]]
+            ancestors = self._ancestors(base)
+            order, todo = [], [head]  # nearest common ancestor: the first of head's history that base has too
+            while todo:
+                current = todo.pop(0)
+                order.append(current)
+                todo.extend(self.commits[current]["parents"])
+            common = self.commits[next(c for c in order if c in ancestors)]["tree"]
+            ours, theirs = self.commits[base]["tree"], self.commits[head]["tree"]
+            merged = {}
+            for path in set(ours) | set(theirs) | set(common):
+                was, mine, incoming = common.get(path), ours.get(path), theirs.get(path)
+                chosen = mine if incoming == was else incoming if mine == was else mine if mine == incoming else False
+                if chosen is False:
+                    raise ValueError(f"merge conflict in {path}")
+                if chosen is not None:
+                    merged[path] = chosen
+            self.branches[repo][pr["base_ref"]] = self._commit(merged, [base, head], f"Merge pull request #{number}")
+            pr.update(state="closed", merged=True, updated=next(self._clock))
+
+    def close_pull_request(self, repository: str, number: int) -> None:
+        """A person closes it without merging."""
+        with self._lock:
+            self.pulls[repository.lower()][number].update(state="closed", updated=next(self._clock))
 
     # --- records --------------------------------------------------------------------------------
     @property
@@ -256,14 +345,17 @@ class FakeGitHub(LoopbackServer):
             "default_branch": "main",
         }
 
-    def handle(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, dict[str, str], Any]:
+    def handle(self, method: str, path: str, headers: dict[str, str], body: Any,
+               query: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
         for route_method, pattern, endpoint in _ROUTES:
             match = pattern.fullmatch(path)
             if match and route_method == method:
                 break
         else:
             return 404, {}, {"message": "Not Found"}
-        params = match.groupdict()
+        params = {key: unquote(value) for key, value in match.groupdict().items()}
+        params["query"] = query or {}
+        params["method"] = method
         repo = params.get("repo", "").lower() or None
         token = self._token_of(headers)
         if endpoint in ("installation", "access_tokens"):
@@ -287,7 +379,13 @@ class FakeGitHub(LoopbackServer):
                     if refused[0] >= 400:
                         return refused
                 return 422, {}, {"message": "Invalid request.\n\n" + "; ".join(problems)}
-        return answer(params, repo, body)
+        status, extra, out = answer(params, repo, body)
+        if self.openapi is not None:
+            problems = self.openapi.answer_problems(method, path, status, out)
+            if problems:
+                with self._lock:
+                    self.answer_violations.append((method, path, problems))
+        return status, extra, out
 
     def _on_dispatches(self, params, repo, body):
         if not isinstance(body, dict):
@@ -383,6 +481,196 @@ class FakeGitHub(LoopbackServer):
     def _on_workflow_rerun(self, params, repo, body):
         return 201, {}, {}
 
+    # --- git: blobs, commits, branches, files ---------------------------------------------------
+    def _store_blob(self, data: bytes) -> str:
+        sha = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob id
+        self.blobs[sha] = data
+        return sha
+
+    def _commit(self, tree: dict[str, str], parents: list[str], message: str) -> str:
+        sha = hashlib.sha1(json.dumps([sorted(tree.items()), parents, message, next(self._ids)]).encode()).hexdigest()
+        self.commits[sha] = {"tree": tree, "parents": parents, "message": message}
+        return sha
+
+    def _resolve(self, repo: str, ref: str) -> str | None:
+        ref = ref.removeprefix("refs/").removeprefix("heads/")
+        found = self.branches.get(repo, {}).get(ref)
+        if found is None and ref in self.commits:
+            return ref
+        return found
+
+    def _ancestors(self, sha: str) -> set[str]:
+        seen, todo = set(), [sha]
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo.extend(self.commits[current]["parents"])
+        return seen
+
+    def _ref_json(self, repo: str, branch: str, sha: str) -> dict[str, Any]:
+        return {"ref": f"refs/heads/{branch}", "node_id": f"REF_{branch}", "url": f"{self.url}/repos/{repo}/git/refs/heads/{branch}",
+                "object": {"type": "commit", "sha": sha, "url": f"{self.url}/repos/{repo}/git/commits/{sha}"}}
+
+    def _file_json(self, repo: str, path: str, blob: str, ref: str, *, with_content: bool = True) -> dict[str, Any]:
+        url = f"{self.url}/repos/{repo}/contents/{path}?ref={ref}"
+        git_url = f"{self.url}/repos/{repo}/git/blobs/{blob}"
+        html_url = f"{self.url}/{repo}/blob/{ref}/{path}"
+        out = {"type": "file", "size": len(self.blobs[blob]), "name": path.rsplit("/", 1)[-1], "path": path,
+               "sha": blob, "url": url, "git_url": git_url, "html_url": html_url,
+               "download_url": f"{self.url}/raw/{repo}/{ref}/{path}",
+               "_links": {"self": url, "git": git_url, "html": html_url}}
+        if with_content:
+            encoded = base64.b64encode(self.blobs[blob]).decode()
+            # GitHub breaks the base64 into lines of 60 characters.
+            out.update(encoding="base64", content="".join(encoded[i:i + 60] + "\n" for i in range(0, len(encoded), 60)))
+        return out
+
+    def _on_contents(self, params, repo, body):
+        path = params["path"]
+        with self._lock:
+            if params["method"] == "GET":
+                ref = params["query"].get("ref") or "main"
+                commit = self._resolve(repo, ref)
+                blob = None if commit is None else self.commits[commit]["tree"].get(path)
+                if blob is None:
+                    return 404, {}, {"message": "Not Found"}
+                return 200, {}, self._file_json(repo, path, blob, ref)
+            body = body if isinstance(body, dict) else {}
+            branch = body.get("branch") or "main"
+            head = self.branches.get(repo, {}).get(branch)
+            if head is None:
+                return 404, {}, {"message": f"Branch {branch} not found"}
+            current = self.commits[head]["tree"].get(path)
+            if current is not None and "sha" not in body:
+                return 422, {}, {"message": "Invalid request.\n\n\"sha\" wasn't supplied."}
+            if current is not None and body["sha"] != current:
+                return 409, {}, {"message": f"{path} does not match {body['sha']}"}
+            try:
+                data = base64.b64decode(body.get("content", ""), validate=True)
+            except binascii.Error:
+                return 422, {}, {"message": "content is not valid Base64"}
+            tree = dict(self.commits[head]["tree"])
+            tree[path] = self._store_blob(data)
+            commit = self._commit(tree, [head], body.get("message", ""))
+            self.branches[repo][branch] = commit
+            return (201 if current is None else 200), {}, {
+                "content": self._file_json(repo, path, tree[path], branch, with_content=False),
+                "commit": {"sha": commit, "url": f"{self.url}/repos/{repo}/git/commits/{commit}",
+                           "html_url": f"{self.url}/{repo}/commit/{commit}", "message": body.get("message", ""),
+                           "parents": [{"sha": head, "url": f"{self.url}/repos/{repo}/git/commits/{head}"}]},
+            }
+
+    def _on_git_ref(self, params, repo, body):
+        ref = params["ref"]
+        if not ref.startswith("heads/"):
+            return 404, {}, {"message": "Not Found"}
+        branch = ref.removeprefix("heads/")
+        with self._lock:
+            current = self.branches.get(repo, {}).get(branch)
+            if params["method"] == "GET":
+                if current is None:
+                    return 404, {}, {"message": "Not Found"}
+                return 200, {}, self._ref_json(repo, branch, current)
+            if current is None:
+                return 422, {}, {"message": "Reference does not exist"}
+            sha = (body or {}).get("sha")
+            if sha not in self.commits:
+                return 422, {}, {"message": "Object does not exist"}
+            if not (body or {}).get("force") and current not in self._ancestors(sha):
+                return 422, {}, {"message": "Update is not a fast forward"}
+            self.branches[repo][branch] = sha
+            return 200, {}, self._ref_json(repo, branch, sha)
+
+    def _on_git_refs(self, params, repo, body):
+        ref, sha = (body or {}).get("ref", ""), (body or {}).get("sha")
+        if not ref.startswith("refs/heads/") or ref.count("/") < 2:
+            return 422, {}, {"message": "Reference name must start with 'refs/' and have at least two slashes."}
+        branch = ref.removeprefix("refs/heads/")
+        with self._lock:
+            if sha not in self.commits:
+                return 422, {}, {"message": "Object does not exist"}
+            if branch in self.branches.setdefault(repo, {}):
+                return 422, {}, {"message": "Reference already exists"}
+            self.branches[repo][branch] = sha
+            return 201, {}, self._ref_json(repo, branch, sha)
+
+    # --- pull requests --------------------------------------------------------------------------
+    def _pull_json(self, repo: str, pr: dict[str, Any]) -> dict[str, Any]:
+        owner = repo.split("/", 1)[0]
+        number = pr["number"]
+        url = f"{self.url}/repos/{repo}/pulls/{number}"
+
+        def side(ref: str) -> dict[str, Any]:
+            return {"label": f"{owner}:{ref}", "ref": ref, "sha": self.branches.get(repo, {}).get(ref),
+                    "user": {"login": owner}, "repo": {"full_name": repo, "url": f"{self.url}/repos/{repo}"}}
+
+        stamp = f"2024-01-01T00:00:{pr['updated'] % 60:02d}Z"
+        return {"id": number + 5_000_000, "number": number, "state": pr["state"], "title": pr["title"],
+                "body": pr["body"], "url": url, "html_url": f"{self.url}/{repo}/pull/{number}",
+                "head": side(pr["head_ref"]), "base": side(pr["base_ref"]), "user": {"login": pr["user"]},
+                "merged": pr["merged"], "merged_at": stamp if pr["merged"] else None,
+                "closed_at": stamp if pr["state"] == "closed" else None,
+                "created_at": "2024-01-01T00:00:00Z", "updated_at": stamp}
+
+    def _head_ref(self, repo: str, head: str) -> str | None:
+        """``branch`` or ``owner:branch`` of this repository (forks are not modelled)."""
+        if ":" in head:
+            owner, head = head.split(":", 1)
+            if owner.lower() != repo.split("/", 1)[0]:
+                return None
+        return head
+
+    def _on_pulls(self, params, repo, body):
+        with self._lock:
+            pulls = self.pulls.setdefault(repo, {})
+            if params["method"] == "GET":
+                query = params["query"]
+                state = query.get("state", "open")
+                head = self._head_ref(repo, query["head"]) if "head" in query else None
+                chosen = [pr for pr in pulls.values()
+                          if state in ("all", pr["state"]) and ("head" not in query or pr["head_ref"] == head)
+                          and query.get("base", pr["base_ref"]) == pr["base_ref"]]
+                key = "updated" if query.get("sort") == "updated" else "number"
+                chosen.sort(key=lambda pr: pr[key], reverse=query.get("direction", "desc") == "desc")
+                limit = int(query.get("per_page", 30))
+                return 200, {}, [self._pull_json(repo, pr) for pr in chosen[:limit]]
+            body = body if isinstance(body, dict) else {}
+            head = self._head_ref(repo, body.get("head", ""))
+            base = body.get("base", "")
+            branches = self.branches.get(repo, {})
+            invalid = [field for field, ref in (("head", head), ("base", base)) if ref not in branches]
+            if invalid:
+                return 422, {}, {"message": "Validation Failed", "errors": [
+                    {"resource": "PullRequest", "field": field, "code": "invalid"} for field in invalid]}
+            if any(pr["state"] == "open" and pr["head_ref"] == head and pr["base_ref"] == base for pr in pulls.values()):
+                return 422, {}, {"message": "Validation Failed", "errors": [{
+                    "resource": "PullRequest", "code": "custom",
+                    "message": f"A pull request already exists for {repo.split('/')[0]}:{head}."}]}
+            if branches[head] in self._ancestors(branches[base]):
+                return 422, {}, {"message": "Validation Failed", "errors": [{
+                    "resource": "PullRequest", "code": "custom", "message": f"No commits between {base} and {head}"}]}
+            number = max(pulls, default=0) + 1
+            pulls[number] = {"number": number, "title": body.get("title") or head, "body": body.get("body"),
+                             "head_ref": head, "base_ref": base, "state": "open", "merged": False,
+                             "user": "relay-bot", "updated": next(self._clock)}
+            return 201, {}, self._pull_json(repo, pulls[number])
+
+    def _on_pull(self, params, repo, body):
+        with self._lock:
+            pr = self.pulls.get(repo, {}).get(int(params["number"]))
+            if pr is None:
+                return 404, {}, {"message": "Not Found"}
+            if params["method"] == "PATCH":
+                body = body if isinstance(body, dict) else {}
+                if body.get("state", "open") not in ("open", "closed"):
+                    return 422, {}, {"message": "Validation Failed", "errors": [{"field": "state", "code": "invalid"}]}
+                if pr["merged"] and body.get("state") == "open":
+                    return 422, {}, {"message": "Validation Failed", "errors": [{
+                        "resource": "PullRequest", "code": "custom", "message": "Cannot reopen a merged pull request"}]}
+                pr.update({k: body[k] for k in ("title", "body", "state") if k in body}, updated=next(self._clock))
+            return 200, {}, self._pull_json(repo, pr)
+
 
 def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -404,7 +692,9 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = raw.decode(errors="replace")
             headers = {k.lower(): v for k, v in self.headers.items()}
-            path = self.path.split("?", 1)[0].rstrip("/")
+            path, _, raw_query = self.path.partition("?")
+            path = path.rstrip("/")
+            query = {key: values[-1] for key, values in parse_qs(raw_query).items()}
             endpoint, repository = None, None
             for route_method, pattern, name in _ROUTES:
                 match = pattern.fullmatch(path)
@@ -423,7 +713,7 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             if fault is not None and fault.status is not None:
                 status, extra, answer = fault.status, dict(fault.headers), fault.body
             else:
-                status, extra, answer = fake.handle(method, path, headers, body)
+                status, extra, answer = fake.handle(method, path, headers, body, query)
                 if fault is not None:
                     extra.update(dict(fault.headers))
             fake._record(RecordedRequest(method, path, endpoint, repository, headers, body, time.time(), status, arrived))
@@ -450,5 +740,8 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
 
         def do_PATCH(self):
             self._serve("PATCH")
+
+        def do_PUT(self):
+            self._serve("PUT")
 
     return Handler

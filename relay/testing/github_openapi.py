@@ -4,7 +4,7 @@ Used by :class:`relay.testing.FakeGitHub` for every request it serves. The descr
 GitHub publishes (npm ``@octokit/openapi``, ``generated/api.github.com.deref.json``, ~70 MB): found
 through ``$GITHUB_OPENAPI_DESCRIPTION``, else under ``.octokit/node_modules`` of this checkout (where
 ``.ci/run`` installs it). The operations the fake serves are cut out of it once and kept next to it
-(``.fake-github-operations-v2.json``), so a test process reads a few kilobytes, not the whole file.
+(``.fake-github-operations-v4.json``), so a test process reads a few kilobytes, not the whole file.
 
 OpenAPI 3.0 schemas are JSON Schema draft 4 plus ``nullable``: a nullable type also admits ``null``.
 """
@@ -32,7 +32,25 @@ OPERATIONS = (
     ("post", "/repos/{owner}/{repo}/check-runs/{check_run_id}/rerequest"),
     ("post", "/repos/{owner}/{repo}/actions/runs/{run_id}/rerun"),
     ("post", "/app/installations/{installation_id}/access_tokens"),
+    ("post", "/repos/{owner}/{repo}/git/refs"),
+    ("patch", "/repos/{owner}/{repo}/git/refs/{ref}"),
+    ("put", "/repos/{owner}/{repo}/contents/{path}"),
+    ("post", "/repos/{owner}/{repo}/pulls"),
+    ("patch", "/repos/{owner}/{repo}/pulls/{pull_number}"),
 )
+# Answers of the fake checked against GitHub's response schemas (method, path, status). The pull
+# request endpoints are left out: GitHub's pull request object has 42 required fields, most of them
+# nested users and repositories the fake does not model.
+RESPONSES = (
+    ("get", "/repos/{owner}/{repo}/contents/{path}", "200"),
+    ("put", "/repos/{owner}/{repo}/contents/{path}", "200"),
+    ("put", "/repos/{owner}/{repo}/contents/{path}", "201"),
+    ("get", "/repos/{owner}/{repo}/git/ref/{ref}", "200"),
+    ("post", "/repos/{owner}/{repo}/git/refs", "201"),
+    ("patch", "/repos/{owner}/{repo}/git/refs/{ref}", "200"),
+)
+# Parameters that span path segments (a file path, heads/<branch with slashes>).
+_MULTI_SEGMENT = ("{path}", "{ref}")
 
 
 def default_description() -> Path | None:
@@ -68,17 +86,26 @@ def _extract(description: Path) -> dict[str, Any]:
             "schema": _nullable_to_json_schema(schema) if schema else None,
             "required": bool(request_body.get("required")),
         }
-    return {"source": str(description), "size": description.stat().st_size, "operations": operations}
+    responses = {}
+    for method, template, status in RESPONSES:
+        answer = spec["paths"][template][method]["responses"][status]
+        responses[f"{method.upper()} {template} {status}"] = _nullable_to_json_schema(
+            answer["content"]["application/json"]["schema"])
+    return {"source": str(description), "size": description.stat().st_size, "operations": operations,
+            "responses": responses}
 
 
 @functools.lru_cache(maxsize=4)
 def _operations(description: str) -> dict[str, Any]:
+    """{"operations": request schemas by "METHOD template", "responses": by "METHOD template status"}."""
     path = Path(description)
-    cache = path.with_name(".fake-github-operations-v2.json")
+    cache = path.with_name(".fake-github-operations-v4.json")
     try:
         cached = json.loads(cache.read_text())
-        if cached.get("size") == path.stat().st_size and set(cached["operations"]) == {f"{m.upper()} {t}" for m, t in OPERATIONS}:
-            return cached["operations"]
+        if (cached.get("size") == path.stat().st_size
+                and set(cached["operations"]) == {f"{m.upper()} {t}" for m, t in OPERATIONS}
+                and set(cached["responses"]) == {f"{m.upper()} {t} {c}" for m, t, c in RESPONSES}):
+            return cached
     except (OSError, ValueError, KeyError):
         pass
     extracted = _extract(path)
@@ -86,7 +113,19 @@ def _operations(description: str) -> dict[str, Any]:
     with os.fdopen(fd, "w") as out:
         json.dump(extracted, out)
     os.replace(tmp, cache)
-    return extracted["operations"]
+    return extracted
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    expression = re.escape(template)
+    for parameter in _MULTI_SEGMENT:
+        expression = expression.replace(re.escape(parameter), ".+")
+    return re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", expression) + "$")
+
+
+def _messages(validator, instance: Any) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<body>'}: {e.message}"
+            for e in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))]
 
 
 class GitHubOpenApi:
@@ -97,12 +136,16 @@ class GitHubOpenApi:
 
         self.description = description
         self._routes: list[tuple[str, re.Pattern[str], Any, bool]] = []
-        for key, operation in _operations(str(description)).items():
+        extracted = _operations(str(description))
+        for key, operation in extracted["operations"].items():
             method, template = key.split(" ", 1)
-            pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
             schema = operation["schema"]
             validator = jsonschema.Draft4Validator(schema) if schema else None
-            self._routes.append((method, pattern, validator, operation["required"]))
+            self._routes.append((method, _pattern(template), validator, operation["required"]))
+        self._answers: list[tuple[str, re.Pattern[str], str, Any]] = []
+        for key, schema in extracted["responses"].items():
+            method, template, status = key.split(" ")
+            self._answers.append((method, _pattern(template), status, jsonschema.Draft4Validator(schema)))
 
     @classmethod
     def installed(cls) -> "GitHubOpenApi | None":
@@ -115,6 +158,12 @@ class GitHubOpenApi:
             if route_method == method and pattern.match(path.split("?", 1)[0]):
                 if validator is None or (body is None and not required):
                     return []
-                return [f"{'/'.join(map(str, e.absolute_path)) or '<body>'}: {e.message}"
-                        for e in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))]
+                return _messages(validator, body)
+        return []
+
+    def answer_problems(self, method: str, path: str, status: int, body: Any) -> list[str]:
+        """Empty when an answer fits GitHub's response schema for it (or it is one we do not check)."""
+        for answer_method, pattern, answer_status, validator in self._answers:
+            if answer_method == method and answer_status == str(status) and pattern.match(path.split("?", 1)[0]):
+                return _messages(validator, body)
         return []

@@ -32,6 +32,26 @@ def test_bodies_off_the_description_are_refused_and_recorded():
         assert len(fake.statuses) == 1  # the refused status was not recorded as created
 
 
+def test_file_and_branch_answers_fit_githubs_response_schemas():
+    with FakeGitHub() as fake:
+        headers = {"Authorization": "token test-token"}
+        fake.add_file("o/r", "backends/a.yaml", "name: a\n")
+        file = httpx.get(f"{fake.url}/repos/o/r/contents/backends/a.yaml?ref=main", headers=headers).json()
+        head = httpx.get(f"{fake.url}/repos/o/r/git/ref/heads/main", headers=headers).json()["object"]["sha"]
+        assert httpx.post(f"{fake.url}/repos/o/r/git/refs", headers=headers,
+                          json={"ref": "refs/heads/x/y", "sha": head}).status_code == 201
+        put = httpx.put(f"{fake.url}/repos/o/r/contents/backends/a.yaml", headers=headers,
+                        json={"message": "m", "content": "bmFtZTogYgo=", "sha": file["sha"], "branch": "x/y"})
+        assert put.status_code == 200
+        assert httpx.patch(f"{fake.url}/repos/o/r/git/refs/heads/x/y", headers=headers,
+                           json={"sha": head, "force": True}).status_code == 200
+        assert fake.answer_violations == [] and fake.schema_violations == []
+        # The check is live: an answer missing a required field is recorded.
+        assert fake.openapi.answer_problems("GET", "/repos/o/r/git/ref/heads/main", 200, {"ref": "x"}) == [
+            "<body>: 'node_id' is a required property", "<body>: 'url' is a required property",
+            "<body>: 'object' is a required property"]
+
+
 def test_off_switch():
     with FakeGitHub(check_bodies=False) as fake:
         assert fake.openapi is None
