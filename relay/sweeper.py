@@ -12,7 +12,10 @@ Each action has a named reason, logged and counted (``relay_sweeper_actions_tota
 * ``ran_too_long``: ``in_progress`` for longer than ``RELAY_RUN_TIMEOUT_SECONDS`` (default 3 days)
   -> ``timed_out``;
 * ``nonce_expired``: nonces of dispatches sent more than ``RELAY_NONCE_TTL_HOURS`` ago are refused
-  from then on.
+  from then on;
+* ``results_discarded``: a big report's results written in chunks whose run became final without
+  them (the callback crashed, or was retried and the retry won) are deleted (see
+  ``relay.store.result_batches``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ __all__ = ["REASONS", "SweepFailed", "Sweeper"]
 
 log = logging.getLogger("relay.sweeper")
 
-REASONS = ("never_started", "ran_too_long", "nonce_expired")
+REASONS = ("never_started", "ran_too_long", "nonce_expired", "results_discarded")
 
 
 class SweepFailed(RuntimeError):
@@ -91,8 +94,12 @@ class Sweeper:
         def expire() -> None:
             counts["nonce_expired"] = self.store.expire_nonces(sent_before=now - self.nonce_ttl)
 
+        def discard() -> None:
+            counts["results_discarded"] = self.store.discard_orphaned_results()
+
         step("time-outs", time_out)
         step("nonce expiry", expire)
+        step("orphaned results", discard)
         for reason, count in counts.items():
             if count:
                 self._counter.labels(reason=reason).inc(count)

@@ -3,7 +3,7 @@
 Module map (one concept each): ``deliveries`` (accepted webhooks, the dedupe key), ``dispatches`` (the
 outbox and its state machine), ``pull_requests`` (labels per PR), ``backends`` (the allowlist as
 synced), ``runs`` (one row per downstream run), ``per_test_results`` (one row per test of a finished
-run), ``reported_states`` (what reporting last wrote upstream), ``callback_nonces`` (expired nonces),
+run), ``result_batches`` (a big report's results while they are written), ``reported_states`` (what reporting last wrote upstream), ``callback_nonces`` (expired nonces),
 ``rerun_requests`` (handled re-run requests), ``oidc_identities`` (repository ids pinned at a
 backend's first OIDC callback), ``level_holds`` (backends found below their level's bar); ``base``
 (declarative base), ``models`` (every table),

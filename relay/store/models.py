@@ -17,10 +17,12 @@ from relay.store.probes import StoreProbe
 from relay.store.quarantine import QuarantinedRow
 from relay.store.reported_states import ReportedStateRow
 from relay.store.rerun_requests import RerunRequestRow
+from relay.store.result_batches import ResultBatchRow
 from relay.store.runs import RunRow
 from relay.store.per_test_results import TestResultRow
 
 __all__ = [
-    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "LevelHoldRow", "OidcIdentityRow", "PullRequest",
-    "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "RunRow", "StoreProbe", "TestResultRow",
+    "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "LevelHoldRow", "OidcIdentityRow",
+    "PullRequest", "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "ResultBatchRow", "RunRow", "StoreProbe",
+    "TestResultRow",
 ]

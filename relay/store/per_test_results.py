@@ -1,6 +1,8 @@
 """Test results: one row per conformance test of a completed run (suite, test id, outcome, duration, message).
 
-Written by a ``completed`` callback, in the transaction that finishes the run. Read by the dashboard
+Written by a ``completed`` callback: a report of at most CHUNK_ROWS tests in the transaction that
+finishes the run, a bigger one in chunks of its own first (``result_batches``: a result is visible
+only once its batch is its run's ``results_batch``, which every read below checks). Read by the dashboard
 and its API: a run's failures, one test's history across backends, which tests fail on which
 backend since which upstream commit, and which are flaky (``flaky``: both passed and failed for one
 backend on one tested torch commit, over re-runs, attempts and ``/retest``). ``test_id`` is ``<suite>::<name>``, the form the backend files'
@@ -52,6 +54,8 @@ class TestResultRow(Base):
     duration: Mapped[float] = mapped_column(Float)
     message: Mapped[str] = mapped_column(Text)
     recorded_at: Mapped[dt.datetime] = mapped_column(DateTime)
+    # The result batch that wrote the row (0: written in the run's final transition); see result_batches.
+    batch: Mapped[int] = mapped_column(_ID, default=0, server_default="0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,27 +93,31 @@ def test_id_of(suite: str, nodeid: str) -> str:
 CHUNK_ROWS = 1000
 
 
-def add_many(session: Session, run: RunRow, results: Iterable[NewTestResult], now: dt.datetime) -> int:
-    """Insert ``results`` for ``run`` in chunks of CHUNK_ROWS, inside the caller's transaction; returns how many."""
-    recorded, chunk = 0, []
-    for r in results:
-        chunk.append({
-            "run_pk": run.id, "backend": run.backend, "head_sha": run.head_sha, "suite": r.suite[:200],
-            "test_id": test_id_of(r.suite, r.nodeid), "nodeid": r.nodeid, "outcome": r.outcome,
-            "duration": r.duration, "message": r.message[:MESSAGE_MAX_CHARS], "recorded_at": now,
-        })
-        if len(chunk) == CHUNK_ROWS:
-            session.execute(insert(TestResultRow), chunk)
-            recorded, chunk = recorded + len(chunk), []
-    if chunk:
-        session.execute(insert(TestResultRow), chunk)
-        recorded += len(chunk)
-    return recorded
+def rows_of(run: RunRow, results: Iterable[NewTestResult], now: dt.datetime, *, batch: int = 0) -> list[dict]:
+    """The INSERT parameters of ``results`` of ``run`` (one chunk: the caller bounds how many)."""
+    return [{
+        "run_pk": run.id, "backend": run.backend, "head_sha": run.head_sha, "suite": r.suite[:200],
+        "test_id": test_id_of(r.suite, r.nodeid), "nodeid": r.nodeid, "outcome": r.outcome,
+        "duration": r.duration, "message": r.message[:MESSAGE_MAX_CHARS], "recorded_at": now, "batch": batch,
+    } for r in results]
+
+
+def add_chunk(session: Session, run: RunRow, results: Sequence[NewTestResult], now: dt.datetime) -> int:
+    """Insert at most CHUNK_ROWS ``results`` inside the run's final transaction (batch 0); returns how many."""
+    if len(results) > CHUNK_ROWS:
+        raise ValueError(f"{len(results)} results in one statement; more than {CHUNK_ROWS} go through result_batches")
+    if results:
+        session.execute(insert(TestResultRow), rows_of(run, results, now))
+    return len(results)
+
+
+# Results whose batch is their run's: the only ones any read shows (see result_batches).
+_VISIBLE = and_(RunRow.id == TestResultRow.run_pk, RunRow.results_batch == TestResultRow.batch)
 
 
 def _with_pr_number():
     """Results joined to their run, for the PR number each view carries."""
-    return select(TestResultRow, RunRow.pr_number).join(RunRow, RunRow.id == TestResultRow.run_pk)
+    return select(TestResultRow, RunRow.pr_number).join(RunRow, _VISIBLE)
 
 
 def _views(session: Session, stmt) -> list[TestResultView]:
@@ -223,7 +231,7 @@ def flaky(session: Session, when: dt.datetime, *, test_id: str | None = None, ba
     groups = (
         select(TestResultRow.backend, TestResultRow.test_id, commit.label("commit"),
                func.max(TestResultRow.recorded_at).label("last_seen"))
-        .join(RunRow, RunRow.id == TestResultRow.run_pk).where(*where)
+        .join(RunRow, _VISIBLE).where(*where)
         .group_by(TestResultRow.backend, TestResultRow.test_id, commit)
         .having(passed > 0, passed < func.count())
         .order_by(func.max(TestResultRow.recorded_at).desc()).limit(limit).subquery()
@@ -231,7 +239,7 @@ def flaky(session: Session, when: dt.datetime, *, test_id: str | None = None, ba
     rows = session.execute(
         select(groups.c.backend, groups.c.test_id, groups.c.commit, groups.c.last_seen, TestResultRow.outcome,
                TestResultRow.run_pk)
-        .join(RunRow, RunRow.id == TestResultRow.run_pk)
+        .join(RunRow, _VISIBLE)
         .join(groups, and_(groups.c.backend == TestResultRow.backend, groups.c.test_id == TestResultRow.test_id,
                            groups.c.commit == commit))
         .where(*where).order_by(groups.c.last_seen.desc(), TestResultRow.id)
@@ -257,7 +265,7 @@ def newest_matching(session: Session, backend: str, pattern: str, *, since: dt.d
     first. At most ``max_tests`` tests, in id order. LIKE is case-insensitive on SQLite: the caller
     compares ids with the pattern itself too."""
     ids = session.scalars(
-        select(TestResultRow.test_id).where(
+        select(TestResultRow.test_id).join(RunRow, _VISIBLE).where(
             TestResultRow.backend == backend, TestResultRow.recorded_at >= since,
             TestResultRow.test_id.like(_like(pattern), escape="\\"),
         ).distinct().order_by(TestResultRow.test_id).limit(max_tests)

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 
 from relay import provenance
-from relay.run_states import RunState, check_transition
+from relay.run_states import RunState, TransitionRefused, check_transition
 from relay.store import (
-    callback_nonces, dispatches, oidc_identities, per_test_results, quarantine, reported_states, rerun_requests, runs,
+    callback_nonces, dispatches, oidc_identities, per_test_results, quarantine, reported_states, rerun_requests,
+    result_batches, runs,
 )
 from relay.store.base import utcnow
 from relay.store.errors import guarded
@@ -26,6 +28,8 @@ from relay.store.deliveries import DeliveryView
 from relay.store.pull_requests import PullRequest, PullRequestSnapshot
 
 __all__ = ["CallbackApplied", "CallbackUpdate", "ResultsOperations"]
+
+log = logging.getLogger("relay.store")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +68,49 @@ class ResultsOperations:
 
     @guarded
     def apply_callback(self, update: CallbackUpdate) -> CallbackApplied:
-        """Bind the run, check the transition in :mod:`relay.run_states`'s table, write it (and the tests)."""
+        """Bind the run, check the transition in :mod:`relay.run_states`'s table, write it (and the tests).
+
+        A report of more than ``per_test_results.CHUNK_ROWS`` tests is written in chunks first, each in a
+        transaction of its own (intake's writes go in between), as a result batch the final transition
+        commits (see ``result_batches``); a crash in between leaves its chunks invisible, and the sweeper
+        deletes them once the run is final. A refused transition discards the batch it wrote.
+        """
+        tests = tuple(update.tests)
+        if update.target is RunState.in_progress or len(tests) <= per_test_results.CHUNK_ROWS:
+            return self._finish_run(update, tests, batch=None)
+        batch = self._open_result_batch(update)
+        try:
+            for start in range(0, len(tests), per_test_results.CHUNK_ROWS):
+                with self._transaction() as session:
+                    run = session.get(runs.RunRow, batch.run_pk)
+                    result_batches.write_chunk(session, batch.id, run, tests[start:start + per_test_results.CHUNK_ROWS],
+                                               batch.opened_at)
+            return self._finish_run(update, tests, batch=batch)
+        except TransitionRefused:  # result_batches.BatchGone included
+            self._discard_result_batch(batch.id, batch.run_pk)
+            raise
+
+    def _open_result_batch(self, update: CallbackUpdate) -> result_batches.OpenBatch:
+        """Bind the run and check that it may take ``update`` now (so a refused report writes nothing)."""
         now = utcnow()
         with self._transaction() as session:
-            dispatch = session.get(dispatches.Dispatch, update.dispatch_id, with_for_update=True)
-            if dispatch is None:  # pragma: no cover - the nonce lookup found it a moment ago
-                raise LookupError(f"dispatch {update.dispatch_id} vanished")
-            row = runs.bind(session, dispatch, update.run_id, update.run_attempt, now)
+            row = self._bound_run(session, update, now)
+            check_transition(RunState(row.state), update.target, run=runs.view(row).describe())
+            return result_batches.OpenBatch(result_batches.open_batch(session, row, now), row.id, now)
+
+    @staticmethod
+    def _bound_run(session, update: CallbackUpdate, now: dt.datetime) -> runs.RunRow:
+        dispatch = session.get(dispatches.Dispatch, update.dispatch_id, with_for_update=True)
+        if dispatch is None:  # pragma: no cover - the nonce lookup found it a moment ago
+            raise LookupError(f"dispatch {update.dispatch_id} vanished")
+        return runs.bind(session, dispatch, update.run_id, update.run_attempt, now)
+
+    def _finish_run(self, update: CallbackUpdate, tests: Sequence[per_test_results.NewTestResult],
+                    batch: result_batches.OpenBatch | None) -> CallbackApplied:
+        """The run's transition, in one transaction with its tests (``batch`` None) or its batch's commit."""
+        now = utcnow()
+        with self._transaction() as session:
+            row = self._bound_run(session, update, now)
             previous = row.state
             check_transition(RunState(row.state), update.target, run=runs.view(row).describe())
             row.state, row.updated_at = update.target.value, now
@@ -90,9 +130,36 @@ class ResultsOperations:
                     row.torch_git_version, row.provenance = verdict.tested, verdict.verdict.value
                 if update.reason:
                     row.reason = update.reason
-                recorded = per_test_results.add_many(session, row, update.tests, now)
+                if batch is None:
+                    recorded = per_test_results.add_chunk(session, row, tests, now)
+                else:
+                    result_batches.commit(session, batch.id, row)
+                    recorded = len(tests)
             session.flush()
             return CallbackApplied(runs.view(row), previous, recorded, tuple(r.id for r in superseded))
+
+    def _discard_result_batch(self, batch: int, run_pk: int) -> None:
+        """Delete a batch that can never be committed, chunk by chunk (best effort: the sweeper finishes it)."""
+        try:
+            while True:
+                with self._transaction() as session:
+                    if result_batches.discard_chunk(session, batch, run_pk):
+                        return
+        except Exception:  # noqa: BLE001 - the caller's refusal matters more; the sweeper deletes the rest
+            log.exception("could not discard result batch %s of run %s; the sweeper will", batch, run_pk)
+
+    @guarded
+    def discard_orphaned_results(self, limit: int = 20) -> int:
+        """Delete up to ``limit`` result batches whose run is final without them (a crashed or
+        superseded callback's chunks); returns how many were deleted."""
+        with self._reading() as session:
+            found = result_batches.orphans(session, limit)
+        for batch, run_pk in found:
+            while True:
+                with self._transaction() as session:
+                    if result_batches.discard_chunk(session, batch, run_pk):
+                        break
+        return len(found)
 
     # --- sweeper --------------------------------------------------------------------------------
     @guarded

@@ -77,6 +77,8 @@ class RunRow(Base):
     # The report's torch.git_version and relay.provenance's verdict against head_sha (NULL: no report).
     torch_git_version: Mapped[str | None] = mapped_column(String(64))
     provenance: Mapped[str | None] = mapped_column(String(16))
+    # The result batch holding the run's test results (0: none, or written in its final transition).
+    results_batch: Mapped[int] = mapped_column(_ID, default=0, server_default="0")
 
 
 @dataclasses.dataclass(frozen=True)
