@@ -172,7 +172,8 @@ def withdraw(target: BackendTarget) -> Decision:
 
 
 def _shown(state: str) -> bool:
-    return state != NOT_SHOWN and not state.startswith(WITHDRAWN)
+    """Something is upstream for the run: a check or status, or a withdrawal (re-said at a later level change)."""
+    return state != NOT_SHOWN
 
 
 def _level_version(pending: PendingReport, target: BackendTarget | None) -> dt.datetime | None:

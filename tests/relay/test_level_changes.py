@@ -105,6 +105,10 @@ def test_l4_to_l2_finalizes_open_checks_as_no_longer_reported_and_ends_its_hold(
                                             "whose results show on the dashboard only")
     (hold,) = relay.store.level_holds("l4")
     assert hold.ended_by == "level changed: L4 -> L2"  # a person decided its level
+    set_level(results_backends, "l4", "L1")  # a later change says so again
+    assert relay.app.state.descriptors.check_once() == {"l4": ("L2", "L1")}
+    settle(relay)
+    assert check_of(relay, "l4", 70)["output"]["title"].startswith("crcr/l4: no longer reported: l4 is now L1")
 
 
 def test_l2_to_l4_reports_the_latest_results_of_open_prs_with_bounded_passes(
