@@ -3,12 +3,12 @@
 Triggered by ``relay levels review``, the level watch (:mod:`relay.level_watch`) and the dashboard
 (overview and backend pages). Reads finished runs from the store; writes nothing: promotion and
 demotion stay reviewed changes to the backend files, this only recommends them (``relay levels
-restore <backend>`` ends a backend's level hold: a person's decision, stored with the hold). The criteria (measure, bar, window) are data in the trust module,
-:data:`relay.trust.LEVEL_CRITERIA`; ``RELAY_LEVEL_*`` settings override a few bars
-(:func:`criteria_from_settings`). A backend that fails one of its level's ``hold`` criteria is
-recommended for demotion (too few runs: insufficient data); one that meets every ``hold`` and
-``entry`` criterion of the level above is recommended for promotion, except to a level whose check
-blocks PRs, which is left to the maintainers.
+restore <backend>`` ends a backend's level hold: a person's decision, stored with the hold). The
+criteria (measure, bar, window) are data in the trust module, :data:`relay.trust.LEVEL_CRITERIA`;
+``RELAY_LEVEL_*`` settings override a few bars (:func:`criteria_from_settings`). A backend that
+fails one of its level's ``hold`` criteria is recommended for demotion (too few runs: insufficient
+data); one that meets every ``hold`` and ``entry`` criterion of the level above is recommended for
+promotion, except to a level whose check blocks PRs, which is left to the maintainers.
 
 Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` of the dispatched
 commit's torch is a success, every other conclusion, a success of another torch (relay.provenance)
@@ -393,5 +393,6 @@ def _restore(store, allowlist, backend: str, reason: str, as_json: bool) -> int:
                           "started_at": hold.started_at.isoformat(), "ended_at": hold.ended_at.isoformat(),
                           "ended_by": hold.ended_by}))
     else:
-        print(f"{backend}: level hold at {hold.level} since {hold.started_at:%Y-%m-%d %H:%M} UTC ended ({hold.ended_by})")
+        print(f"{backend}: level hold at {hold.level} since {hold.started_at:%Y-%m-%d %H:%M} UTC ended "
+              f"({hold.ended_by})")
     return 0

@@ -335,19 +335,22 @@ class Store(ResultsOperations):
             return level_holds.history(session, backend, limit)
 
     @guarded
-    def start_level_hold(self, backend: str, level: str, reason: str, *, now: dt.datetime | None = None) -> level_holds.LevelHold:
+    def start_level_hold(self, backend: str, level: str, reason: str,
+                         *, now: dt.datetime | None = None) -> level_holds.LevelHold:
         """Open a hold (or return the active one, noted below its bar again)."""
         with self._transaction() as session:
             return level_holds.start(session, backend, level, reason, now or utcnow())
 
     @guarded
-    def mark_level_hold_above_bar(self, backend: str, *, now: dt.datetime | None = None) -> level_holds.LevelHold | None:
+    def mark_level_hold_above_bar(self, backend: str,
+                                  *, now: dt.datetime | None = None) -> level_holds.LevelHold | None:
         """Note that the backend of the active hold meets its bar again (from now, unless already noted)."""
         with self._transaction() as session:
             return level_holds.mark_above(session, backend, now or utcnow())
 
     @guarded
-    def end_level_hold(self, backend: str, ended_by: str, *, now: dt.datetime | None = None) -> level_holds.LevelHold | None:
+    def end_level_hold(self, backend: str, ended_by: str,
+                       *, now: dt.datetime | None = None) -> level_holds.LevelHold | None:
         """End the active hold, saying who or what ended it; None when there is none."""
         with self._transaction() as session:
             return level_holds.end(session, backend, ended_by, now or utcnow())
