@@ -49,6 +49,22 @@ def finished(drive, backend, number, conclusion="failure", **kw):
     return nonce
 
 
+def reconcile_by_hand(relay, backends, backend, level, expected_change, expected):
+    """Stop the reporting worker, change the level, check what each pass would take (bounded by its
+    batch, open PRs' heads only), then report those runs through the reporter as the worker does;
+    ``expected``: {(backend, PR, head): outcome}."""
+    relay.app.state.results.reporting.stop()
+    set_level(backends, backend, level)
+    assert relay.app.state.descriptors.check_once() == expected_change
+    since = utcnow() - dt.timedelta(days=1)
+    assert len(relay.store.reports_pending(CHECK_RUN, since=since, limit=1)) == 1  # a pass takes at most its batch
+    reporter = relay.app.state.results.reporter
+    outcomes = {(row.run.backend, row.run.pr_number, row.run.head_sha): reporter.report(row)
+                for row in relay.store.reports_pending(CHECK_RUN, since=since, limit=50)}
+    assert outcomes == expected
+    assert relay.store.reports_pending(CHECK_RUN, since=since, limit=50) == []
+
+
 def close(relay, number):
     payload = pr_payload("closed", number=number, updated_at="2024-05-02T10:00:00Z")
     payload["pull_request"]["state"] = "closed"
@@ -68,9 +84,9 @@ def test_l4_to_l3_turns_the_checks_of_open_prs_without_the_label_neutral(
     assert check_of(relay, "l4", 60)["status"] == "in_progress"
     assert [check_of(relay, "l4", n)["conclusion"] for n in (61, 62, 63)] == ["failure"] * 3
 
-    set_level(results_backends, "l4", "L3")
-    assert relay.app.state.descriptors.check_once() == {"l4": ("L4", "L3")}
-    settle(relay)
+    # Closed #63 is left out.
+    reconcile_by_hand(relay, results_backends, "l4", "L3", {"l4": ("L4", "L3")},
+                      {("l4", n, "a" * 40): "reported" for n in (60, 61, 62)})
     for number in (60, 61):  # no label: finalized neutral, saying why
         check = check_of(relay, "l4", number)
         assert (check["status"], check["conclusion"]) == ("completed", "neutral")
@@ -82,7 +98,9 @@ def test_l4_to_l3_turns_the_checks_of_open_prs_without_the_label_neutral(
 
     # The run still going finishes: its check stays as finalized (the PR has no label).
     assert drive.complete("l4", running, "failure").status_code == 200
-    settle(relay)
+    since = utcnow() - dt.timedelta(days=1)
+    (finishing,) = relay.store.reports_pending(CHECK_RUN, since=since, limit=50)
+    assert relay.app.state.results.reporter.report(finishing) == "not_shown"  # nothing more is written
     assert check_of(relay, "l4", 60)["output"]["title"].startswith("crcr/l4: no longer blocking")
     assert httpx.get(f"{relay.url}/api/backends/l4").json()["level"] == "L3"
 
@@ -94,10 +112,10 @@ def test_l4_to_l2_finalizes_open_checks_as_no_longer_reported_and_ends_its_hold(
     finished(drive, "l3", 71, labels=("ciflow/crcr/l3",))
     settle(relay)
     relay.store.start_level_hold("l4", "L4", "success rate 0% misses the L4 bar")
-    set_level(results_backends, "l4", "L2")
     set_level(results_backends, "l3", "L2")
-    assert relay.app.state.descriptors.check_once() == {"l3": ("L3", "L2"), "l4": ("L4", "L2")}
-    settle(relay)
+    reconcile_by_hand(relay, results_backends, "l4", "L2", {"l3": ("L3", "L2"), "l4": ("L4", "L2")}, {
+        ("l4", 70, "a" * 40): "reported", ("l4", 71, "a" * 40): "reported",  # both were on their PRs
+        ("l3", 71, "a" * 40): "reported", ("l3", 70, "a" * 40): "not_shown"})  # #70 had no l3 label
     for backend, number in (("l4", 70), ("l3", 71)):
         check = check_of(relay, backend, number)
         assert (check["status"], check["conclusion"]) == ("completed", "neutral")
@@ -107,11 +125,14 @@ def test_l4_to_l2_finalizes_open_checks_as_no_longer_reported_and_ends_its_hold(
     assert hold.ended_by == "level changed: L4 -> L2"  # a person decided its level
     set_level(results_backends, "l4", "L1")  # a later change says so again
     assert relay.app.state.descriptors.check_once() == {"l4": ("L2", "L1")}
-    settle(relay)
-    assert check_of(relay, "l4", 70)["output"]["title"].startswith("crcr/l4: no longer reported: l4 is now L1")
+    since = utcnow() - dt.timedelta(days=1)
+    reporter = relay.app.state.results.reporter
+    assert [reporter.report(r) for r in relay.store.reports_pending(CHECK_RUN, since=since, limit=50)] == ["reported"] * 2
+    for number in (70, 71):
+        assert check_of(relay, "l4", number)["output"]["title"].startswith("crcr/l4: no longer reported: l4 is now L1")
 
 
-def test_l2_to_l4_reports_the_latest_results_of_open_prs_with_bounded_passes(
+def test_l2_to_l4_reports_the_latest_results_of_open_prs(
         database_url, results_relay, results_backends, app_mode):  # noqa: F811
     relay, drive = results_relay(database_url, **app_mode, **MANUAL)
     finished(drive, "l2", 80)
@@ -122,18 +143,9 @@ def test_l2_to_l4_reports_the_latest_results_of_open_prs_with_bounded_passes(
     settle(relay)
     assert not [c for c in relay.fake.check_runs.values() if c["name"] == "crcr/l2"]  # L2: dashboard only
 
-    reporting = relay.app.state.results.reporting
-    reporting.stop()  # this test takes the pending reports itself, to see each pass's bound
-    set_level(results_backends, "l2", "L4")
-    assert relay.app.state.descriptors.check_once() == {"l2": ("L2", "L4")}
-    since = utcnow() - dt.timedelta(days=1)
-    assert len(relay.store.reports_pending(CHECK_RUN, since=since, limit=1)) == 1  # a pass takes at most its batch
-    pending = relay.store.reports_pending(CHECK_RUN, since=since, limit=50)
-    latest = {(r.run.pr_number, r.run.head_sha) for r in pending}
-    assert latest == {(80, "a" * 40), (81, "2" * 40)}  # open PRs' heads only: not #81's old head, not closed #82
-    reporter = relay.app.state.results.reporter
-    assert [reporter.report(row) for row in pending] == ["reported", "reported"]
-    assert relay.store.reports_pending(CHECK_RUN, since=since, limit=50) == []
+    # Open PRs' heads only: not #81's old head, not closed #82.
+    reconcile_by_hand(relay, results_backends, "l2", "L4", {"l2": ("L2", "L4")},
+                      {("l2", 80, "a" * 40): "reported", ("l2", 81, "2" * 40): "reported"})
     assert check_of(relay, "l2", 80)["conclusion"] == "failure"  # L4 blocks: the real conclusion
     assert check_of(relay, "l2", 81, head_sha="2" * 40)["status"] == "queued"
     assert check_of(relay, "l2", 81, head_sha="1" * 40) is None and check_of(relay, "l2", 82) is None
