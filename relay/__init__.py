@@ -7,8 +7,10 @@ Follow a result back: ``callbacks`` (who calls: ``oidc``; which transition: ``ru
 ``store/`` (the run and its per-test results) -> ``reporting`` (check run or commit status, by
 ``trust`` level, through ``github``); ``sweeper`` times out runs whose callbacks never came,
 ``rerun`` dispatches again on request, ``level_review`` recommends promotions and demotions,
-``proposals`` opens them (and quarantine releases) as pull requests on the descriptor repository with
-``descriptor_edits``, and ``dashboard/`` shows it all. ``wiring`` assembles the results side's parts; ``settings`` is the
+``level_watch`` holds a backend found below its level's bar, ``proposals`` opens level changes (and
+quarantine releases) as pull requests on the descriptor repository with ``descriptor_edits``,
+``descriptor_reload`` applies edited descriptors (a level change re-decides open PRs' checks), and
+``dashboard/`` shows it all. ``wiring`` assembles the results side's parts; ``settings`` is the
 configuration, ``observability`` the logs, ``/healthz`` and ``/metrics``, ``cli`` the ``relay``
 command, and ``testing/`` a fake GitHub and OIDC issuer for tests (also for backend owners).
 

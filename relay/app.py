@@ -2,7 +2,9 @@
 
 Triggered by ``relay serve`` (uvicorn) and by tests. Reads the settings and the backend descriptors
 (the allowlist); at start-up migrates the store, records the allowlist in it and starts the dispatcher;
-at shutdown stops the dispatcher (in-flight calls finish) and closes the store.
+at shutdown stops the dispatcher (in-flight calls finish) and closes the store. The descriptors are
+read again on SIGHUP and when their files change (:mod:`relay.descriptor_reload`); ``use_allowlist``
+hands the new targets to every part.
 
 Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
 ``GET /metrics`` (:mod:`relay.observability`), ``POST /github/callback`` (:mod:`relay.callbacks`), the
@@ -22,6 +24,7 @@ from fastapi import FastAPI
 from conformance.descriptors import packaged_backends_dir
 
 from relay import callbacks, dashboard, intake, observability, security_headers, wiring
+from relay.descriptor_reload import DescriptorReload
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.request_body import BodyBudget
@@ -45,15 +48,17 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         store.migrate()
-        store.sync_backends(allowlist)
+        app.state.descriptors.record(app.state.allowlist)
         if app.state.dispatcher is not None:
             app.state.dispatcher.start()
         app.state.results.start()
+        app.state.descriptors.start()
         log.info("relay started", extra={"upstream": settings.upstream_repo, "backends": [t.name for t in allowlist],
                                          "store": store.safe_url})
         try:
             yield
         finally:
+            app.state.descriptors.stop()
             app.state.results.stop()
             if app.state.dispatcher is not None:
                 app.state.dispatcher.stop()
@@ -77,6 +82,15 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
         dispatcher=app.state.dispatcher,
     )
     app.state.callbacks = app.state.results.callbacks
+
+    def use_allowlist(targets) -> None:
+        app.state.allowlist = targets  # intake routing and the dashboard read it per request
+        app.state.results.use_allowlist(targets)
+
+    app.state.descriptors = DescriptorReload(
+        backends_dir, store, use_allowlist, interval_seconds=settings.descriptor_check_seconds,
+        on_level_changed=app.state.results.run_changed,
+    )
     app.add_exception_handler(intake.WebhookRejected, intake.rejection_handler)
     app.add_exception_handler(callbacks.CallbackRejected, callbacks.rejection_handler)
     app.add_exception_handler(StoreUnavailable, observability.store_unavailable_handler)

@@ -1,4 +1,5 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]`` and ``relay levels review|propose [--json]``.
+"""The ``relay`` command: ``relay serve [--host] [--port]``, ``relay levels review|propose [--json]`` and
+``relay levels restore <backend> --reason TEXT``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
 stops start-up with a message naming it (exit 2). Each subcommand is a function registered with
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import signal
 import sys
 from collections.abc import Callable
 
@@ -58,6 +60,8 @@ def serve(args: argparse.Namespace) -> int:
     # full passes, which otherwise walk those ~140 000 objects and stall every request for ~100 ms.
     gc.collect()
     gc.freeze()
+    # SIGHUP reloads the backend descriptors (uvicorn handles only SIGINT and SIGTERM; SIGHUP would end it).
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: app.state.descriptors.request())
     # Bounded resources for an exposed listener: connections, keep-alive and a header deadline.
     uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False,
                 **uvicorn_options(settings))
@@ -70,7 +74,8 @@ def _levels_arguments(parser: argparse.ArgumentParser) -> None:
     _review_arguments(parser)
 
 
-@subcommand("levels", "level review: each backend against its level criteria, promotion/demotion advice", _levels_arguments)
+@subcommand("levels", "level review (each backend against its level criteria, promotion/demotion advice) "
+                      "and restore (end a backend's level hold)", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
     from relay.level_review import levels_command
 

@@ -229,6 +229,12 @@ class CallerAuth:
         self.identities = identities
         self._by_repository = {t.repository.lower(): t for t in self.targets}
 
+    def use(self, targets: Iterable[BackendTarget]) -> None:
+        """Authenticate against ``targets`` from now on (a descriptor reload)."""
+        targets = tuple(targets)
+        self._by_repository = {t.repository.lower(): t for t in targets}
+        self.targets = targets
+
     def authenticate(self, authorization: str | None) -> Caller:
         if not authorization:
             raise AuthError(

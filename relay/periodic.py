@@ -20,13 +20,14 @@ FAILING_AFTER = 3  # passes failed in a row before the worker counts as failing
 
 
 class PeriodicThread:
-    """Calls ``work()`` every ``interval`` seconds on a daemon thread named ``name``."""
+    """Calls ``work()`` every ``interval`` seconds (0: only when woken) on a daemon thread named ``name``."""
 
     def __init__(self, name: str, interval: float, work: Callable[[], object]):
         self.name = name
         self.interval = interval
         self.work = work
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.failures_in_a_row = 0
         self.last_error: str | None = None
@@ -37,8 +38,13 @@ class PeriodicThread:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Run the next pass now instead of at the end of the interval."""
+        self._wake.set()
 
     def problem(self) -> str | None:
         """None while the worker works; else a sentence naming it, its failed passes and the last error."""
@@ -56,4 +62,5 @@ class PeriodicThread:
                 log.exception("%s: pass failed; next pass in %.1f s", self.name, self.interval)
             else:
                 self.failures_in_a_row = 0
-            self._stop.wait(self.interval)
+            self._wake.wait(self.interval if self.interval > 0 else None)  # 0: only when woken
+            self._wake.clear()

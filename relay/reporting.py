@@ -16,6 +16,14 @@ What appears upstream (``decide``) is the backend's level's row in :data:`relay.
 * ``always`` (L4): every PR (and push).
 * ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
   summary; on (L4): the real conclusion, meant to be a required check.
+* ``block_pr`` on, but the backend has an active level hold (it fell below its level's hold bar,
+  :mod:`relay.level_watch`; :meth:`relay.trust.BackendTarget.blocks_under`): non-blocking like L3, from
+  the next decision on; the summary says since when and why, and links the backend's level review (a
+  commit status links it instead of the run).
+* A level change (a descriptor reload; the backend's level version in the store moved on) re-decides
+  the runs at open PRs' heads through this same path: a check the new level no longer shows (L4 -> L3
+  without the label, L3/L4 -> L2) is finalized ``neutral`` saying so (``withdraw``) instead of being
+  left pending or blocking; a level that now shows (L2 -> L3/L4) reports the latest results.
 * Any level that shows: a run whose only failing tests are quarantined for its backend (the descriptor's
   ``relay.quarantine``, until each entry's expiry) concludes ``success``; the summary lists those
   failures apart, and always says how many failures were quarantined.
@@ -51,7 +59,7 @@ from relay.store.errors import StoreUnavailable
 from relay.store.reported_states import NOT_SHOWN, PendingReport
 from relay.store.runs import RunView
 from relay.store.per_test_results import FAILING_OUTCOMES, TestResultView
-from relay.trust import BackendTarget, QuarantinedTest
+from relay.trust import BackendTarget, DisplayOnPR, HeldBelowBar, QuarantinedTest
 
 __all__ = ["CHECK_RUN", "STATUS", "Decision", "Failures", "Reporter", "ReportingClient", "ReportingWorker", "decide"]
 
@@ -83,6 +91,10 @@ class Decision:
     status: str  # queued | in_progress | completed
     conclusion: str | None  # the upstream conclusion (L3 failures already neutral)
     key: str  # compared with the last reported state
+    # The active level hold that made a blocking level's check non-blocking (shown in the summary).
+    hold: HeldBelowBar | None = dataclasses.field(default=None, compare=False)
+    # Set when a level change took the check off this PR: why it was finalized (see ``withdraw``).
+    withdrawn: str | None = dataclasses.field(default=None, compare=False)
 
     @property
     def final(self) -> bool:
@@ -117,30 +129,51 @@ class Failures:
         return counted == len(self.quarantined)
 
 
-def _upstream_conclusion(run: RunView, target: BackendTarget, only_quarantined: bool = False) -> str:
+def _upstream_conclusion(run: RunView, blocks: bool, only_quarantined: bool = False) -> str:
     conclusion = run.conclusion or ("timed_out" if run.state == "timed_out" else "cancelled")
     if only_quarantined and not run.provenance_problem:
         return "success"  # quarantined failures never decide a check
     if run.provenance_problem and conclusion not in ("cancelled", "timed_out"):
         # A result of another torch than the dispatched commit says nothing about this PR: never a pass.
-        return "failure" if target.blocks else "neutral"
-    if not target.blocks and conclusion in _NON_BLOCKING:
+        return "failure" if blocks else "neutral"
+    if not blocks and conclusion in _NON_BLOCKING:
         return "neutral"
     return conclusion
 
 
 def decide(run: RunView, target: BackendTarget, pr_labels: tuple[str, ...] | None,
-           only_quarantined: bool = False) -> Decision | None:
+           only_quarantined: bool = False, hold: HeldBelowBar | None = None) -> Decision | None:
     """decide(run, target, labels of its PR or None for a push, whether its only failures are
-    quarantined) -> what to show upstream, or None."""
+    quarantined, the backend's active level hold) -> what to show upstream, or None."""
     if not target.shows_on_pr(pr_labels):
         return None
     if run.state == "dispatched":
         return Decision("queued", None, "queued")
     if run.state == "in_progress":
         return Decision("in_progress", None, "in_progress")
-    conclusion = _upstream_conclusion(run, target, only_quarantined)
-    return Decision("completed", conclusion, f"completed:{conclusion}")
+    blocks = target.blocks_under(hold)
+    conclusion = _upstream_conclusion(run, blocks, only_quarantined)
+    return Decision("completed", conclusion, f"completed:{conclusion}",
+                    hold=hold if target.blocks and not blocks else None)
+
+
+WITHDRAWN = "withdrawn"  # the state key prefix of a check a level change took off a PR
+
+
+def withdraw(target: BackendTarget) -> Decision:
+    """The final state of a check its backend's new level no longer shows on this PR: ``neutral``,
+    saying why, instead of a check left pending or blocking (a check is never deleted)."""
+    level = target.level.value
+    if target.switches.display_on_pr is DisplayOnPR.never:
+        why = f"no longer reported: {target.name} is now {level}, whose results show on the dashboard only"
+    else:
+        why = f"no longer blocking: {target.name} is now {level}, whose check shows only on PRs labelled {target.label}"
+    return Decision("completed", "neutral", f"{WITHDRAWN}:{level}", withdrawn=why)
+
+
+def _shown(state: str) -> bool:
+    """Something is upstream for the run: a check or status, or a withdrawal (re-said at a later level change)."""
+    return state != NOT_SHOWN
 
 
 def _level_version(pending: PendingReport, target: BackendTarget | None) -> dt.datetime | None:
@@ -189,11 +222,19 @@ def _quarantined_line(failures: Failures) -> str:
     return f"{len(failures.quarantined)} quarantined failure(s) (non-blocking)"
 
 
-def summary_markdown(run: RunView, split: Failures, details_url: str) -> str:
+def held_line(hold: HeldBelowBar, review_url: str) -> str:
+    return (f"**Non-blocking**: below its {hold.level} bar since {_iso(hold.started_at)} "
+            f"({md_code(hold.reason)}); level review: {review_url}")
+
+
+def summary_markdown(run: RunView, split: Failures, details_url: str, hold: HeldBelowBar | None = None,
+                     review_url: str = "") -> str:
     failures = list(split.blocking)
     lines = [f"**{_counts_line(run)}** on `{run.backend}`; {_quarantined_line(split)}"]
     if run.torch_version:
         lines[0] += f" (torch {md_code(run.torch_version)})"
+    if hold is not None:
+        lines.append("\n" + held_line(hold, review_url))
     if run.provenance_problem:
         lines.append(f"\n**Not a result for this commit**: {md_code(run.provenance_problem)}")
     if run.reason:
@@ -227,7 +268,9 @@ def summary_markdown(run: RunView, split: Failures, details_url: str) -> str:
 
 def status_description(run: RunView, decision: Decision, split: Failures) -> str:
     failures = split.blocking
-    if decision.status == "queued":
+    if decision.withdrawn:
+        text = f"neutral: {decision.withdrawn}"
+    elif decision.status == "queued":
         text = "queued: waiting for the backend's runner"
     elif decision.status == "in_progress":
         text = "running the conformance suite"
@@ -240,7 +283,8 @@ def status_description(run: RunView, decision: Decision, split: Failures) -> str
         if run.provenance_problem:
             text = plain_text(run.provenance_problem.split(" (")[0]) + f"; {text}"
         if decision.conclusion == "neutral":
-            text = f"neutral (non-blocking): {text}"
+            held = f", below its {decision.hold.level} bar" if decision.hold is not None else ""
+            text = f"neutral (non-blocking{held}): {text}"
     return text if len(text) <= DESCRIPTION_MAX_CHARS else text[: DESCRIPTION_MAX_CHARS - 1] + "…"
 
 
@@ -272,6 +316,10 @@ class Reporter:
     def details_url(self, run: RunView) -> str:
         return f"{self.dashboard_url}/runs/{run.id}"
 
+    def review_url(self, backend: str) -> str:
+        """The backend's dashboard page: its level review, criteria and holds."""
+        return f"{self.dashboard_url}/backends/{backend}"
+
     def report_run(self, run_pk: int) -> str:
         """Bring one run's upstream state up to date (see :meth:`report`); reads the run and its PR."""
         run = self.store.run(run_pk)
@@ -293,11 +341,16 @@ class Reporter:
         decision = None if target is None else decide(run, target, pending.labels)
         split = Failures()
         if decision is not None and decision.final:
+            # A blocking level's check asks whether a level hold suspends it (at the decision: from the next run on).
+            hold = self.store.current_level_hold(run.backend) if target.blocks else None
             split = Failures.split(target, self.store.test_results([run.id], FAILING_OUTCOMES), utcnow().date())
-            if split.only_quarantined(run):
-                decision = decide(run, target, pending.labels, only_quarantined=True)
+            decision = decide(run, target, pending.labels, only_quarantined=split.only_quarantined(run), hold=hold)
         versions = {"run_updated_at": run.updated_at, "labels_recorded_at": pending.labels_recorded_at,
                     "level_changed_at": _level_version(pending, target)}
+        if (decision is None and target is not None and previous is not None and _shown(previous.state)
+                and versions["level_changed_at"] is not None
+                and versions["level_changed_at"] != previous.level_changed_at):
+            decision = withdraw(target)  # its new level took the check off this PR: finalize it, say why
         if decision is None or (previous is not None and previous.state == decision.key):
             # Nothing new to show: keep what is upstream (a check is never taken back), note the versions.
             outcome = "not_shown" if decision is None else "unchanged"
@@ -325,18 +378,24 @@ class Reporter:
         if self.mode == STATUS:
             self.github.create_status(
                 run.upstream_repository, run.head_sha, _status_state(decision), context=name,
-                description=status_description(run, decision, split), target_url=details,
+                description=status_description(run, decision, split),
+                target_url=self.review_url(run.backend) if decision.hold is not None else details,
             )
             return None
         fields: dict[str, Any] = {"status": decision.status, "details_url": details, "external_id": str(run.id)}
         if decision.status != "queued":
             fields["started_at"] = _iso(run.started_at or run.dispatched_at)
-        if decision.final:
+        if decision.withdrawn:
+            fields["conclusion"] = decision.conclusion
+            fields["completed_at"] = _iso(utcnow())
+            fields["output"] = {"title": f"{name}: {decision.withdrawn}"[:255],
+                                "summary": f"{md_code(decision.withdrawn)}\n\nThe run's results: {details}"}
+        elif decision.final:
             fields["conclusion"] = decision.conclusion
             fields["completed_at"] = _iso(run.finished_at or utcnow())
             fields["output"] = {
                 "title": f"{name}: {_counts_line(run)}; {_quarantined_line(split)}"[:255],
-                "summary": summary_markdown(run, split, details),
+                "summary": summary_markdown(run, split, details, decision.hold, self.review_url(run.backend)),
             }
         if check_run_id is None:
             result = self.github.create_check_run(run.upstream_repository, name=name, head_sha=run.head_sha, **fields)

@@ -1,8 +1,10 @@
 """Trust levels: the one table of what each level may do, and the backend targets it applies to.
 
-Triggered at start-up (``load_allowlist`` reads the backend descriptors' ``relay`` sections, once) and
+Triggered at start-up and at each descriptor reload (``load_allowlist`` reads the backend descriptors'
+``relay`` sections; ``relay.descriptor_reload``) and
 asked by every part that depends on a backend's level: intake (``route``: does it get the event?),
-callback authentication (``BackendTarget.accepts_results``), reporting (``shows_on_pr``, ``blocks``),
+callback authentication (``BackendTarget.accepts_results``), reporting (``shows_on_pr``, ``blocks_under``:
+a level hold suspends a blocking level's check, see :func:`suspends_blocking`),
 the dashboard (``on_dashboard``) and the level review (``switches``, ``lower``, ``higher``). Writes
 nothing. No other module compares levels: change a row of :data:`LEVELS` and every one of those
 answers changes with it.
@@ -39,6 +41,7 @@ import datetime as dt
 import enum
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from conformance.descriptors import (
     BackendDescriptor, DescriptorError, QuarantinedTest, TrustLevel, load_descriptor,
@@ -50,6 +53,7 @@ __all__ = [
     "LEVELS",
     "LEVEL_CRITERIA",
     "Criterion",
+    "HeldBelowBar",
     "LevelCriteria",
     "Measure",
     "PR_ACTIONS",
@@ -66,6 +70,7 @@ __all__ = [
     "lower",
     "lowest_accepting_results",
     "route",
+    "suspends_blocking",
     "switches",
 ]
 
@@ -217,6 +222,23 @@ def lowest_accepting_results() -> TrustLevel | None:
     return next((level for level, row in LEVELS.items() if row.accepts_results), None)
 
 
+class HeldBelowBar(Protocol):
+    """What the trust module reads of a level hold (``relay.store.LevelHold``)."""
+
+    level: str
+    reason: str
+    started_at: dt.datetime
+
+    @property
+    def active(self) -> bool: ...
+
+
+def suspends_blocking(target: "BackendTarget", hold: HeldBelowBar | None) -> bool:
+    """A hold makes a blocking level's check non-blocking while it is active and is of the backend's
+    current level (a level change ends it; an old hold of another level suspends nothing)."""
+    return hold is not None and hold.active and hold.level == target.level.value and target.switches.block_pr
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendTarget:
     """One allowlisted downstream repository (a backend descriptor with a ``relay`` section), and every
@@ -256,8 +278,13 @@ class BackendTarget:
 
     @property
     def blocks(self) -> bool:
-        """Its check may fail the PR; a non-blocking check reports failures as ``neutral``."""
+        """Its level's check may fail the PR; a non-blocking check reports failures as ``neutral``."""
         return self.switches.block_pr
+
+    def blocks_under(self, hold: "HeldBelowBar | None") -> bool:
+        """Whether its check may fail the PR now: its level blocks, and no active hold of that level
+        (the backend found below the level's hold bar, ``relay.level_watch``) suspends it."""
+        return self.blocks and not suspends_blocking(self, hold)
 
     def shows_on_pr(self, pr_labels: Sequence[str] | None) -> bool:
         """Whether its results appear upstream, given the PR's current labels (None: a push, no PR)."""

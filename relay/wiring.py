@@ -1,4 +1,5 @@
-"""The results side, assembled: callback service, upstream reporter, sweeper, re-run watcher and proposals.
+"""The results side, assembled: callback service, upstream reporter, sweeper, re-run watcher, level watch and
+proposals.
 
 Triggered by :func:`relay.app.create_app` (``build``) and the app's lifespan (``start``/``stop``).
 Reads the settings and the backend descriptors (callback tokens, levels, labels); writes nothing
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.callbacks import CallbackService, RateLimiter, ReportLimits
+from relay.level_review import criteria_from_settings
+from relay.level_watch import LevelWatch
 from relay.oidc import CallerAuth, JwksCache, OidcVerifier
 from relay.proposals import Proposer
 from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker
@@ -34,21 +37,34 @@ class ResultsSide:
     reporting: ReportingWorker | None
     sweeper: Sweeper | None
     reruns: RerunWatcher
+    level_watch: LevelWatch | None = None
     proposals: Proposer | None = None
 
     def start(self) -> None:
-        for part in (self.reporting, self.sweeper, self.reruns, self.proposals):
+        for part in (self.reporting, self.sweeper, self.reruns, self.level_watch, self.proposals):
             if part is not None:
                 part.start()
 
     def stop(self) -> None:
-        for part in (self.proposals, self.reruns, self.sweeper, self.reporting):
+        for part in (self.proposals, self.level_watch, self.reruns, self.sweeper, self.reporting):
             if part is not None:
                 part.stop()
 
     def problems(self) -> list[str]:
         """One sentence per background worker whose passes keep failing (``/healthz``)."""
-        return [p for p in (part.problem() for part in (self.sweeper, self.reruns) if part is not None) if p]
+        parts = (self.sweeper, self.reruns, self.level_watch, self.proposals)
+        return [p for p in (part.problem() for part in parts if part is not None) if p]
+
+    def use_allowlist(self, allowlist) -> None:
+        """A descriptor reload: every part of the results side works from the new targets."""
+        by_name = {t.name: t for t in allowlist}
+        self.callbacks.auth.use(allowlist)
+        if self.reporter is not None:
+            self.reporter.targets = by_name
+        self.reruns.backends = by_name
+        for part in (self.level_watch, self.proposals):
+            if part is not None:
+                part.targets = tuple(allowlist)
 
     def run_changed(self, _run_pk: int | None = None) -> None:
         """A run row changed: reporting looks now (it reads what changed from the store)."""
@@ -88,6 +104,10 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
         store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, app_id=settings.github_app_id,
         poll_seconds=settings.rerun_poll_seconds, on_dispatched=dispatcher.wake if dispatcher is not None else None,
     )
+    if settings.level_watch_enabled:
+        side.level_watch = LevelWatch(store, allowlist, criteria=criteria_from_settings(settings),
+                                      recovery_seconds=settings.level_hold_recovery_hours * 3600,
+                                      interval_seconds=settings.level_watch_seconds)
     if dispatcher is not None:
         dispatcher.on_sent = side.run_changed
     if settings.proposals_repository:

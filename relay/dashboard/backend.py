@@ -1,8 +1,9 @@
 """Backend page (``/backends/{name}``) and its API: run history, pass rate and queue/execution time
-charts, the current level, the level review's recommendation, each criterion with its value and bar, and the
-weekly history.
+charts, the current level, the level review's recommendation, each criterion with its value and bar, the
+level holds (below its bar since when and why, whether its check is non-blocking, how each ended) and
+the weekly history.
 
-Reads runs and the level review; writes nothing. The charts are drawn in the browser by the vendored
+Reads runs, level holds and the level review; writes nothing. The charts are drawn in the browser by the vendored
 uPlot (``static/vendor``) from the same data the API returns.
 """
 
@@ -64,11 +65,24 @@ class CriterionItem(BaseModel):
     bar_text: str
 
 
+class HoldItem(BaseModel):
+    level: str  # the level whose hold bar it fell below
+    reason: str
+    started_at: str
+    above_since: str | None  # back above its bar since (None: still below)
+    ended_at: str | None
+    ended_by: str | None  # recovered | restored: <reason> | level changed: <from> -> <to>
+    active: bool
+
+
 class BackendPage(BaseModel):
     name: str
     repository: str
     level: str
     label: str
+    blocks: bool  # whether its check may fail a PR now (its level blocks and no active hold suspends it)
+    hold: HoldItem | None  # the active level hold
+    holds: list[HoldItem]  # every hold, newest first (at most 20)
     recommendation: str
     recommended_level: str
     reason: str
@@ -91,8 +105,16 @@ def run_item(run) -> RunItem:
     )
 
 
+def hold_item(hold) -> HoldItem:
+    return HoldItem(level=hold.level, reason=hold.reason, started_at=iso(hold.started_at),
+                    above_since=iso(hold.above_since) if hold.above_since else None,
+                    ended_at=iso(hold.ended_at) if hold.ended_at else None, ended_by=hold.ended_by, active=hold.active)
+
+
 def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
     target = backend_or_404(ctx, name)
+    holds = ctx.store.level_holds(name)
+    active = next((h for h in holds if h.active), None)
     history = weekly_history(ctx.store, name, time_limit_seconds=ctx.criteria[target.level].time_limit_seconds)
     (level_review,) = review(ctx.store, [target], criteria=ctx.criteria)
     weeks = [
@@ -102,6 +124,8 @@ def build(ctx: DashboardContext, name: str, limit: int) -> BackendPage:
     ]
     return BackendPage(
         name=name, repository=target.repository, level=target.level.value, label=target.label,
+        blocks=target.blocks_under(active), hold=hold_item(active) if active else None,
+        holds=[hold_item(h) for h in holds],
         recommendation=level_review.recommendation, recommended_level=level_review.recommended_level,
         reason=level_review.reason, weeks=weeks,
         criteria=[CriterionItem(**dataclasses.asdict(c), label=c.label, value_text=c.value_text,

@@ -265,7 +265,7 @@ def newest_matching(session: Session, backend: str, pattern: str, *, since: dt.d
     first. At most ``max_tests`` tests, in id order. LIKE is case-insensitive on SQLite: the caller
     compares ids with the pattern itself too."""
     ids = session.scalars(
-        select(TestResultRow.test_id).where(
+        select(TestResultRow.test_id).join(RunRow, _VISIBLE).where(
             TestResultRow.backend == backend, TestResultRow.recorded_at >= since,
             TestResultRow.test_id.like(_like(pattern), escape="\\"),
         ).distinct().order_by(TestResultRow.test_id).limit(max_tests)

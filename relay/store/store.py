@@ -321,7 +321,7 @@ class Store(ResultsOperations):
         with self._reading() as session:
             return backends.all_records(session)
 
-    # --- level holds (a backend below its level's hold bar; see ``level_holds``) --------------------
+    # --- level holds (a backend below its level's hold bar; see ``level_holds``; ``now``: the caller's clock)
     @guarded
     def current_level_hold(self, backend: str) -> level_holds.LevelHold | None:
         """The backend's active hold (below its bar since ``started_at``), or None."""
@@ -335,19 +335,22 @@ class Store(ResultsOperations):
             return level_holds.history(session, backend, limit)
 
     @guarded
-    def start_level_hold(self, backend: str, level: str, reason: str) -> level_holds.LevelHold:
+    def start_level_hold(self, backend: str, level: str, reason: str,
+                         *, now: dt.datetime | None = None) -> level_holds.LevelHold:
         """Open a hold (or return the active one, noted below its bar again)."""
         with self._transaction() as session:
-            return level_holds.start(session, backend, level, reason, utcnow())
+            return level_holds.start(session, backend, level, reason, now or utcnow())
 
     @guarded
-    def mark_level_hold_above_bar(self, backend: str) -> level_holds.LevelHold | None:
+    def mark_level_hold_above_bar(self, backend: str,
+                                  *, now: dt.datetime | None = None) -> level_holds.LevelHold | None:
         """Note that the backend of the active hold meets its bar again (from now, unless already noted)."""
         with self._transaction() as session:
-            return level_holds.mark_above(session, backend, utcnow())
+            return level_holds.mark_above(session, backend, now or utcnow())
 
     @guarded
-    def end_level_hold(self, backend: str, ended_by: str) -> level_holds.LevelHold | None:
+    def end_level_hold(self, backend: str, ended_by: str,
+                       *, now: dt.datetime | None = None) -> level_holds.LevelHold | None:
         """End the active hold, saying who or what ended it; None when there is none."""
         with self._transaction() as session:
-            return level_holds.end(session, backend, ended_by, utcnow())
+            return level_holds.end(session, backend, ended_by, now or utcnow())

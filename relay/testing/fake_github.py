@@ -154,7 +154,8 @@ class FakeGitHub(LoopbackServer):
     (:mod:`relay.testing.github_openapi`), every request body is validated against its operation's
     schema; a body GitHub would refuse is answered 422 with the problems, as GitHub does, and kept in
     ``schema_violations``. The fake's own answers for files and branches are checked against GitHub's
-    response schemas, and any misfit is kept in ``answer_violations``. ``openapi`` is the validator in use (None when the description is absent).
+    response schemas, and any misfit is kept in ``answer_violations``. ``openapi`` is the validator in
+    use (None when the description is absent).
     """
 
     def __init__(

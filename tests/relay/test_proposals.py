@@ -303,7 +303,9 @@ def test_the_background_pass_and_the_cli_propose(database_url, results_relay, mo
     assert proposals.totals["none"] >= passes + 8 and proposals.totals["failed"] == 0
     assert relay.fake.pull_requests(DESCRIPTORS) == []  # below the bar for minutes, not 3 days
     proposals.stop()  # the CLI's pass, with a shorter delay, is the only one from here on
-    relay.store.start_level_hold("l4", "L4", "success rate 0% misses the L4 bar")
+    assert relay.app.state.results.level_watch.watch_once()["l4"] in ("held", "still_held")  # below its bar: held
+    hold = relay.store.current_level_hold("l4")
+    assert hold is not None and hold.level == "L4"
     for name, value in {"RELAY_WEBHOOK_SECRETS": "s", "RELAY_GITHUB_TOKEN": "test-token", "RELAY_DATABASE_URL": database_url,
                         "RELAY_BACKENDS_DIR": str(results_backends), "RELAY_GITHUB_API_URL": relay.fake.url,
                         "RELAY_PROPOSALS_REPOSITORY": DESCRIPTORS, "RELAY_PROPOSALS_DEMOTE_AFTER_SECONDS": "0.001"}.items():
@@ -314,6 +316,7 @@ def test_the_background_pass_and_the_cli_propose(database_url, results_relay, mo
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert "opened" in lines["l4"] and "/org/descriptors/pull/" in lines["l4"]
     assert [p["title"] for p in relay.fake.pull_requests(DESCRIPTORS)] == ["l4: demote from L4 to L3"]
+    assert f"below its L4 bar since {hold.started_at:%Y-%m-%d %H:%M} UTC" in relay.fake.pull_requests(DESCRIPTORS)[0]["body"]
     content = relay.fake.file(DESCRIPTORS, "backends/l4.yaml", level_branch("l4")).decode()
     assert changed_lines(relay.fake.file(DESCRIPTORS, "backends/l4.yaml").decode(), content)[:2] == [
         '-  level: "L4"                    # mature: the check is required',
