@@ -173,3 +173,17 @@ def test_links_to_a_test_whose_id_has_url_characters(sqlite_url, results_relay, 
     page.wait_for_load_state()
     assert "collectives::test_odd[a#b?c=1%2]" in page.locator("h1, h2").first.inner_text()
     assert page.locator("#history tbody tr").count() == 1
+
+
+def test_backend_page_shows_its_level_holds(seeded, page):
+    seeded.store.start_level_hold("l4", "L4", "time-out rate 5% misses the L4 bar")
+    seeded.store.end_level_hold("l4", "restored: runner pool replaced")
+    seeded.store.start_level_hold("l4", "L4", XSS_TITLE)  # shown as text, whatever a reason holds
+    visit(page, seeded.url + "/backends/l4", "backend_hold")
+    line = page.locator("#hold").inner_text()
+    assert line.startswith("Below its L4 bar since ") and "its check is reported non-blocking" in line
+    assert XSS_TITLE in line
+    rows = [r.split("\t") for r in page.locator("#holds tbody tr").all_inner_texts()]
+    assert [(r[0], r[2], r[3]) for r in rows] == [("L4", "active", "-"), ("L4", rows[1][2], "restored: runner pool replaced")]
+    assert rows[1][2] != "active"
+    assert_inert(page)
