@@ -24,7 +24,11 @@ __all__ = ["Delivery", "DeliveryView", "NewDelivery"]
 
 class Delivery(Base):
     __tablename__ = "deliveries"
-    __table_args__ = (Index("ux_deliveries_body_sha256", "body_sha256", unique=True),)
+    __table_args__ = (
+        Index("ux_deliveries_body_sha256", "body_sha256", unique=True),
+        # The re-run watcher's poll reads the re-run events only (check_run, check_suite, issue_comment).
+        Index("ix_deliveries_event_received_at", "event", "received_at"),
+    )
 
     delivery_id: Mapped[str] = mapped_column(String(100), primary_key=True)
     event: Mapped[str] = mapped_column(String(64))

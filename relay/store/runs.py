@@ -50,6 +50,8 @@ class RunRow(Base):
         Index("ix_runs_state", "state"),
         Index("ix_runs_head_sha", "head_sha"),
         Index("ix_runs_updated_at", "updated_at"),
+        # Newest runs first (the overview) and a window of them (the level review).
+        Index("ix_runs_dispatched_at", "dispatched_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
