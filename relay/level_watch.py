@@ -1,11 +1,11 @@
 """The level watch: a periodic pass that holds a backend found below its level's bar, and ends the
 hold once it is back above its bar for the configured time.
 
-Triggered every ``RELAY_LEVEL_WATCH_SECONDS`` by its own thread (started with the app), or once by
-``watch_once()``. Reads the runs of the longest ``hold`` criterion window (one query) and, per backend, the level
-review's recommendation (:func:`relay.level_review.recommend`, the criteria of
-:data:`relay.trust.LEVEL_CRITERIA` with the ``RELAY_LEVEL_*`` overrides); writes level holds
-(:mod:`relay.store.level_holds`). Per backend whose level sends results back:
+Triggered every ``RELAY_LEVEL_WATCH_SECONDS`` by its own thread (started with the app; the first pass
+one interval after start), or once by ``watch_once()``. Reads the runs of the longest ``hold``
+criterion window (one query) and, per backend, the level review's recommendation
+(:func:`relay.level_review.recommend`, the criteria of :data:`relay.trust.LEVEL_CRITERIA` with the
+``RELAY_LEVEL_*`` overrides); writes level holds (:mod:`relay.store.level_holds`). Per backend whose level sends results back:
 
 * below a ``hold`` criterion of its level (the review says demote): a hold is opened with the review's
   reason (or the active one is noted below again). At a blocking level (L4) reporting then reports the
@@ -50,7 +50,8 @@ class LevelWatch:
         self.targets = tuple(targets)  # replaced by a descriptor reload
         self.criteria = criteria
         self.recovery = dt.timedelta(seconds=recovery_seconds)
-        self._thread = PeriodicThread("relay-level-watch", interval_seconds, self.watch_once)
+        # The first pass one interval after start: restarts (and replicas starting together) add no burst.
+        self._thread = PeriodicThread("relay-level-watch", interval_seconds, self.watch_once, first_after_interval=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -22,10 +22,11 @@ FAILING_AFTER = 3  # passes failed in a row before the worker counts as failing
 class PeriodicThread:
     """Calls ``work()`` every ``interval`` seconds (0: only when woken) on a daemon thread named ``name``."""
 
-    def __init__(self, name: str, interval: float, work: Callable[[], object]):
+    def __init__(self, name: str, interval: float, work: Callable[[], object], *, first_after_interval: bool = False):
         self.name = name
         self.interval = interval
         self.work = work
+        self.first_after_interval = first_after_interval  # False: the first pass runs at start
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,6 +54,8 @@ class PeriodicThread:
         return f"{self.name}: its last {self.failures_in_a_row} passes failed; last error: {self.last_error}"
 
     def _loop(self) -> None:
+        if self.first_after_interval:
+            self._wait()
         while not self._stop.is_set():
             try:
                 self.work()
@@ -62,5 +65,8 @@ class PeriodicThread:
                 log.exception("%s: pass failed; next pass in %.1f s", self.name, self.interval)
             else:
                 self.failures_in_a_row = 0
-            self._wake.wait(self.interval if self.interval > 0 else None)  # 0: only when woken
-            self._wake.clear()
+            self._wait()
+
+    def _wait(self) -> None:
+        self._wake.wait(self.interval if self.interval > 0 else None)  # 0: only when woken
+        self._wake.clear()

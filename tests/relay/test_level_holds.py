@@ -39,7 +39,7 @@ from relay.level_watch import LevelWatch, WatchFailed  # noqa: E402
 from relay.trust import Comparison, Criterion, LevelCriteria, Measure  # noqa: E402
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: E402,F401
 
-# The watch runs by hand in these tests (watch_once); its own thread waits an hour between passes.
+# The watch runs by hand in these tests (watch_once); its own thread's first pass is an hour away.
 WATCH = dict(level_watch_seconds=3600, level_min_runs=2)
 
 
@@ -177,3 +177,19 @@ def test_a_held_backend_s_commit_status_is_non_blocking_and_links_its_review(dat
     final = [s for s in relay.fake.statuses if s["context"] == "crcr/l4" and s["sha"] == "5" * 40][-1]
     assert final["state"] == "success" and final["description"].startswith("neutral (non-blocking, below its L4 bar)")
     assert final["target_url"] == "http://dashboard.test/backends/l4"
+
+
+def test_the_watch_s_thread_waits_an_interval_before_its_first_pass_and_runs_when_woken():
+    import threading
+
+    from relay.periodic import PeriodicThread
+
+    passes = threading.Semaphore(0)
+    thread = PeriodicThread("first-after-interval", 3600, passes.release, first_after_interval=True)
+    thread.start()
+    try:
+        assert not passes.acquire(timeout=0.3)  # no pass at start
+        thread.wake()
+        assert passes.acquire(timeout=10)  # woken: the pass runs now
+    finally:
+        thread.stop()
