@@ -41,7 +41,8 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     """create_app(settings) -> FastAPI app; ``github`` replaces the GitHub client (tests, embedding)."""
     backends_dir = settings.backends_dir or packaged_backends_dir()
     allowlist = load_allowlist(backends_dir)
-    store = Store(settings.database_url, deadline_seconds=settings.store_deadline_seconds)
+    store = Store(settings.database_url, deadline_seconds=settings.store_deadline_seconds,
+                  replay_window_seconds=settings.replay_window_hours * 3600)
     metrics = observability.Metrics(store)
     github = github or GitHubClient.from_settings(settings)
 

@@ -125,6 +125,11 @@ class Settings(BaseSettings):
         "(GitHub gives up after 10 s); also bounds each statement, lock wait and connection attempt"
     )
 
+    replay_window_hours: float = Field(
+        7 * 24.0, gt=0, description="a signed webhook body stored again under a fresh delivery id within this many "
+        "hours is a duplicate (200); later it is a new delivery; GitHub's redeliveries keep their id and stay duplicates"
+    )
+
     # --- dispatch
     dispatcher_enabled: bool = True
     dispatch_concurrency: int = Field(64, ge=1, le=512)

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Connection, DateTime, Index, String, Text
+from sqlalchemy import JSON, Connection, DateTime, Index, String, Text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -83,6 +83,14 @@ def insert_new(connection: Connection, rows: Sequence[dict[str, Any]]) -> set[st
     if not rows:
         return set()
     return set(connection.execute(_insert_new_statement(connection.dialect.name), list(rows)).scalars())
+
+
+def forget_old_digests(connection: Connection, digests: Sequence[str], received_before: dt.datetime) -> None:
+    """Stop judging replays by the bodies of ``digests`` stored before ``received_before`` (outside the
+    replay window): their rows keep everything else, and a body seen again is a new delivery."""
+    if digests:
+        connection.execute(update(Delivery).where(
+            Delivery.body_sha256.in_(list(digests)), Delivery.received_at < received_before).values(body_sha256=None))
 
 
 @functools.cache

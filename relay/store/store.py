@@ -49,11 +49,14 @@ _DELIVERY_FIELDS = tuple(f.name for f in dataclasses.fields(deliveries.NewDelive
 
 
 class Store(ResultsOperations):
-    """Store(url, deadline_seconds=5): a database (SQLite file or PostgreSQL) holding deliveries, the
-    outbox, PRs, backends; no wait on it lasts past ``deadline_seconds``."""
+    """Store(url, deadline_seconds=5, replay_window_seconds=None): a database (SQLite file or PostgreSQL)
+    holding deliveries, the outbox, PRs, backends; no wait on it lasts past ``deadline_seconds``; a
+    signed body stored again under a fresh delivery id within ``replay_window_seconds`` (None: ever)
+    is a duplicate."""
 
-    def __init__(self, url: str, *, deadline_seconds: float = 5.0):
+    def __init__(self, url: str, *, deadline_seconds: float = 5.0, replay_window_seconds: float | None = None):
         self.deadline_seconds = deadline_seconds
+        self.replay_window = None if replay_window_seconds is None else dt.timedelta(seconds=replay_window_seconds)
         self.engine = create_store_engine(url, deadline_seconds)
         self.safe_url = normalise_url(url).render_as_string(hide_password=True)
         self.dialect = self.engine.dialect.name
@@ -172,6 +175,10 @@ class Store(ResultsOperations):
         error of our own), each webhook is written alone, so only the culprit fails."""
         try:
             with self._write_lock(), self.engine.begin() as connection:
+                if self.replay_window is not None:
+                    deliveries.forget_old_digests(
+                        connection, sorted({w.delivery.body_sha256 for w in writes if w.delivery.body_sha256}),
+                        received_before=utcnow() - self.replay_window)
                 return self._insert_deliveries(connection, writes)
         except StoreUnavailable as exc:
             return [exc for _ in writes]

@@ -3,6 +3,7 @@ field, nothing stored), deep JSON is a 400, and a replayed signed body under a f
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -113,6 +114,28 @@ def test_a_signed_body_replayed_under_fresh_delivery_ids_is_a_duplicate(relay):
     # Another body (the same event a moment later) is a new delivery.
     later = pr_payload(number=30, updated_at="2024-05-01T10:00:09Z")
     assert relay.post("pull_request", later, delivery="next-1").status_code == 202
+
+
+def test_a_signed_body_is_a_duplicate_only_within_the_replay_window(relay):
+    from sqlalchemy import text
+
+    body = json.dumps(pr_payload(number=31)).encode()
+    assert relay.post("pull_request", body, delivery="window-1").status_code == 202
+    assert relay.post("pull_request", body, delivery="window-2").json()["status"] == "duplicate"
+    hours = relay.app.state.settings.replay_window_hours
+    with relay.store.engine.begin() as connection:  # the first copy was stored longer ago than the window
+        old = connection.execute(text("SELECT received_at FROM deliveries WHERE delivery_id = 'window-1'")).scalar_one()
+        old = old if not isinstance(old, str) else dt.datetime.fromisoformat(old)
+        connection.execute(text("UPDATE deliveries SET received_at = :at WHERE delivery_id = 'window-1'"),
+                           {"at": old - dt.timedelta(hours=hours, minutes=1)})
+    again = relay.post("pull_request", body, delivery="window-3")
+    assert again.status_code == 202 and again.json()["status"] == "queued"
+    # Within the window of that new copy, the body is a duplicate again; GitHub's redelivery of the old
+    # delivery keeps its id and stays a duplicate.
+    assert relay.post("pull_request", body, delivery="window-4").json()["status"] == "duplicate"
+    assert relay.post("pull_request", body, delivery="window-1").json()["status"] == "duplicate"
+    relay.wait_settled()
+    assert len(relay.store.dispatches()) == 8
 
 
 def test_concurrent_replays_under_fresh_ids_store_one_copy(relay):
