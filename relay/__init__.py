@@ -11,7 +11,7 @@ Follow a result back: ``callbacks`` (who calls: ``oidc``; which transition: ``ru
 quarantine releases) as pull requests on the descriptor repository with ``descriptor_edits``,
 ``descriptor_reload`` applies edited descriptors (a level change re-decides open PRs' checks), and
 ``dashboard/`` shows it all. ``wiring`` assembles the results side's parts; ``settings`` is the
-configuration, ``observability`` the logs, ``/healthz`` and ``/metrics``, ``cli`` the ``relay``
+configuration, ``observability`` the logs, ``/healthz``, ``/readyz`` and ``/metrics``, ``cli`` the ``relay``
 command, and ``testing/`` a fake GitHub and OIDC issuer for tests (also for backend owners).
 
 The package never imports torch; of ``conformance`` it reads only ``conformance.descriptors`` (the

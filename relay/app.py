@@ -6,7 +6,7 @@ at shutdown stops the dispatcher (in-flight calls finish) and closes the store. 
 read again on SIGHUP and when their files change (:mod:`relay.descriptor_reload`); ``use_allowlist``
 hands the new targets to every part.
 
-Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz`` and
+Endpoints (one router each): ``POST /github/webhook`` (:mod:`relay.intake`), ``GET /healthz``, ``GET /readyz`` and
 ``GET /metrics`` (:mod:`relay.observability`), ``POST /github/callback`` (:mod:`relay.callbacks`), the
 dashboard pages and their ``/api/...`` (:mod:`relay.dashboard`), ``/static`` (dashboard assets), ``/docs``
 (served locally) and the security headers of every response (:mod:`relay.security_headers`).

@@ -1,4 +1,5 @@
-"""Observability: structured logs, Prometheus metrics, and the ``/healthz`` and ``/metrics`` routes.
+"""Observability: structured logs, Prometheus metrics, and the ``/healthz`` (liveness), ``/readyz``
+(readiness) and ``/metrics`` routes.
 
 Triggered at start-up (``configure_logging``), by intake and the dispatcher (they count through
 :class:`Metrics`) and by scrapes. Reads the store for health and queue depth; writes log lines to
@@ -128,9 +129,17 @@ def store_unavailable_handler(_request: Request, exc: StoreUnavailable) -> JSONR
 
 
 @router.get("/healthz")
-def healthz(request: Request) -> JSONResponse:
-    """200 when the store can be written within its deadline and no background worker keeps failing;
-    503 naming the problem otherwise."""
+def healthz() -> JSONResponse:
+    """Liveness: 200 whenever the process answers HTTP. It asks nothing of the store or the workers, so
+    an orchestrator's liveness probe never restarts a relay for an outage a restart cannot cure (a
+    frozen database, a refused credential); those show on ``/readyz``."""
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+def readyz(request: Request) -> JSONResponse:
+    """Readiness: 200 when the store can be written within its deadline, no background worker keeps
+    failing and no credential is paused; 503 naming the problem otherwise."""
     try:
         request.app.state.store.probe()
     except StoreUnavailable as exc:

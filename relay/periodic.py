@@ -3,7 +3,7 @@
 Used by the sweeper and the re-run watcher: a pass that raises is logged and the next pass runs as
 planned, so one bad row never stops the loop. The passes handle bad rows themselves (quarantine, see
 ``relay.store.quarantine``); a pass that still raises means the worker itself is failing, and after
-``FAILING_AFTER`` such passes in a row :meth:`PeriodicThread.problem` says so (``/healthz`` reports it).
+``FAILING_AFTER`` such passes in a row :meth:`PeriodicThread.problem` says so (``/readyz`` reports it).
 """
 
 from __future__ import annotations

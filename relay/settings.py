@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     # --- store
     database_url: str = "sqlite:///relay.db"
     store_deadline_seconds: float = Field(
-        5.0, gt=0, lt=10, description="longest a webhook or /healthz waits on the store before answering 503 "
+        5.0, gt=0, lt=10, description="longest a webhook or /readyz waits on the store before answering 503 "
         "(GitHub gives up after 10 s); also bounds each statement, lock wait and connection attempt"
     )
 

@@ -51,7 +51,7 @@ class ResultsSide:
                 part.stop()
 
     def problems(self) -> list[str]:
-        """One sentence per background worker whose passes keep failing (``/healthz``)."""
+        """One sentence per background worker whose passes keep failing (``/readyz``)."""
         parts = (self.sweeper, self.reruns, self.level_watch, self.proposals)
         return [p for p in (part.problem() for part in parts if part is not None) if p]
 

@@ -3,7 +3,7 @@ credential, and the pacing bucket, kept in the database so every relay process o
 
 Written by the dispatcher (``take`` before each call, ``rest`` after a rate-limit answer or, paused, after
 a 401, ``resume`` after a paused credential's call succeeded); read by its claims (credentials that may not send now),
-by ``/metrics`` and ``/healthz``. The row of a credential is locked while it is read and changed, so two
+by ``/metrics`` and ``/readyz``. The row of a credential is locked while it is read and changed, so two
 processes never spend the same token.
 """
 

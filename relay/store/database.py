@@ -16,7 +16,7 @@ stuck database turns into an error the caller can answer 503 with, never into a 
 busy timeout; on PostgreSQL the connect timeout, ``statement_timeout`` and ``lock_timeout`` (enforced
 by the server) and TCP keepalives (a vanished server breaks the connection instead of hanging it); the
 pool's wait for a free connection. A *frozen* server (SIGSTOP, a stalled disk) enforces none of its own
-timeouts, which is why intake and ``/healthz`` also put a deadline on their wait (see ``Store``).
+timeouts, which is why intake and ``/readyz`` also put a deadline on their wait (see ``Store``).
 """
 
 from __future__ import annotations

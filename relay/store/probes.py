@@ -1,4 +1,4 @@
-"""Store probes: one row that ``/healthz`` rewrites, so health means "the store can be written", not
+"""Store probes: one row that ``/readyz`` rewrites, so health means "the store can be written", not
 merely "the store answers a SELECT" (a full disk or a held write lock still answers reads).
 
 Written by ``Store.probe`` on every health check; read by nothing else.

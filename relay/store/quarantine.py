@@ -3,7 +3,7 @@ goes on with every other row.
 
 Written by the store's row-by-row work (the run a sent dispatch starts, time-outs, re-run requests) when handling one row
 raises; read by those passes (a quarantined row is skipped), by ``/api/quarantine``, by ``/metrics``
-(``relay_quarantined_rows``) and by ``/healthz``. A row leaves quarantine when an operator fixes it and
+(``relay_quarantined_rows``) and by ``/readyz``. A row leaves quarantine when an operator fixes it and
 deletes the entry (``Store.release_quarantined``); nothing retries it by itself, since the same row
 would fail the same way.
 """

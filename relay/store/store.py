@@ -5,7 +5,7 @@ start-up (``migrate``, ``sync_backends``) and observability (``probe``, ``outbox
 errors surface as :class:`StoreUnavailable`, so callers can answer 503 without knowing SQLAlchemy.
 
 Every wait is bounded by ``deadline_seconds``: the engine's timeouts (see ``database``), this process's
-SQLite write lock, and the wait of intake and ``/healthz`` on their writes, which holds even when the
+SQLite write lock, and the wait of intake and ``/readyz`` on their writes, which holds even when the
 database itself is frozen and no timeout of its own fires.
 """
 

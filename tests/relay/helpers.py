@@ -200,7 +200,7 @@ class RelayProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"relay serve exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -1,6 +1,6 @@
 """Background passes work row by row: a row that cannot be handled is quarantined with its error (shown
 in /api/quarantine and /metrics) and every other row is still handled; a worker whose passes keep
-failing makes /healthz say so, and health returns once the worker recovers."""
+failing makes /readyz say so, and health returns once the worker recovers."""
 
 from __future__ import annotations
 
@@ -43,21 +43,21 @@ def test_a_run_row_that_cannot_be_stored_is_quarantined_and_the_dispatch_still_s
     assert [(e["worker"], e["subject"]) for e in api] == [("run_rows", f"dispatch {bad}")]
     assert "surrogate" in api[0]["error"]
     assert 'relay_quarantined_rows{worker="run_rows"} 1.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
-    assert httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200  # handled: set aside, not failing
+    assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200  # handled: set aside, not failing
 
 
-def test_a_worker_whose_passes_keep_failing_makes_healthz_say_so(database_url, results_relay):  # noqa: F811
+def test_a_worker_whose_passes_keep_failing_makes_readyz_say_so(database_url, results_relay):  # noqa: F811
     relay, _drive = results_relay(database_url, sweeper_enabled=True, sweep_interval_seconds=0.05)
     engine = create_engine(normalise_url(database_url))
     try:
         with engine.begin() as connection:
             connection.execute(text("ALTER TABLE runs RENAME TO runs_gone"))
-        health = wait_until(lambda: (lambda r: r if r.status_code == 503 else None)(httpx.get(f"{relay.url}/healthz", timeout=10)),
-                            what="healthz reporting the failing sweeper")
+        health = wait_until(lambda: (lambda r: r if r.status_code == 503 else None)(httpx.get(f"{relay.url}/readyz", timeout=10)),
+                            what="readyz reporting the failing sweeper")
         body = health.json()
         assert body["status"] == "worker_failing" and "relay-sweeper" in body["detail"], body
         with engine.begin() as connection:
             connection.execute(text("ALTER TABLE runs_gone RENAME TO runs"))
-        wait_until(lambda: httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200, what="health after the fix")
+        wait_until(lambda: httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200, what="health after the fix")
     finally:
         engine.dispose()

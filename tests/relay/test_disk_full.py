@@ -1,4 +1,4 @@
-"""A full disk under a SQLite store: webhooks and /healthz answer 503 (nothing is acknowledged that was
+"""A full disk under a SQLite store: webhooks and /readyz answer 503 (nothing is acknowledged that was
 not stored), and both recover by themselves once space is freed."""
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def test_a_full_disk_gets_503_and_the_relay_recovers_once_space_is_freed(small_v
     assert relay.post("push", push_payload(after="1" * 40), delivery="before").status_code == 202
     filler = _fill(small_volume)
     answers = [relay.post("push", push_payload(after=f"{i + 3}" * 40), delivery=f"full-{i}").status_code for i in range(3)]
-    health = httpx.get(f"{relay.url}/healthz", timeout=10)
+    health = httpx.get(f"{relay.url}/readyz", timeout=10)
     filler.unlink()
     assert set(answers) == {503}, answers
     assert health.status_code == 503 and "cannot be written" in health.json()["detail"], health.text
-    assert httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200
+    assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200
     assert relay.post("push", push_payload(after="9" * 40), delivery="full-0").status_code == 202

@@ -93,7 +93,7 @@ def test_a_refused_token_pauses_its_credential_instead_of_failing_the_queue(rela
     for index in range(3):
         assert relay.post("push", push_payload(after=f"{index}" * 40)).status_code == 202
     wait(lambda: any(r.answered == 401 for r in relay.fake.requests), what="the 401")
-    health = httpx.get(f"{relay.url}/healthz", timeout=10)
+    health = httpx.get(f"{relay.url}/readyz", timeout=10)
     assert health.status_code == 503 and health.json()["status"] == "credential_paused", health.text
     assert "credential token" in health.json()["detail"] and "Bad credentials" in health.json()["detail"]
     metrics = httpx.get(f"{relay.url}/metrics", timeout=10).text
@@ -105,7 +105,7 @@ def test_a_refused_token_pauses_its_credential_instead_of_failing_the_queue(rela
     relay.fake.revoked.discard("test-token")  # the credential is fixed
     relay.wait_settled()
     assert [r.state for r in relay.store.dispatches()] == ["sent"] * 3
-    assert httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200
+    assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200
     assert 'relay_credential_paused{credential="token"} 0.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
 
 

@@ -18,7 +18,7 @@ def relay(results_relay, sqlite_url):  # noqa: F811
     return results_relay(sqlite_url)[0]
 
 
-@pytest.mark.parametrize("path", ["/", "/backends/l2", "/api/overview", "/docs", "/openapi.json", "/static/dashboard.css", "/healthz"])
+@pytest.mark.parametrize("path", ["/", "/backends/l2", "/api/overview", "/docs", "/openapi.json", "/static/dashboard.css", "/readyz"])
 def test_every_response_carries_csp_and_nosniff(relay, path):
     response = httpx.get(relay.url + path, timeout=10)
     assert response.status_code == 200, (path, response.status_code)

@@ -1,4 +1,4 @@
-"""/healthz, /metrics and structured logs."""
+"""/readyz, /metrics and structured logs."""
 
 from __future__ import annotations
 
@@ -20,24 +20,27 @@ def _metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{name}{labels} not in metrics")
 
 
-def test_healthz_reports_the_store(relay_factory, database_url):
+def test_readyz_reports_the_store(relay_factory, database_url):
     relay = relay_factory(database_url)
-    assert httpx.get(f"{relay.url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{relay.url}/readyz").json() == {"status": "ok"}
 
 
-def test_healthz_is_503_when_the_store_is_unreachable(relay_factory, sqlite_url):
+def test_readyz_is_503_when_the_store_is_unreachable_while_healthz_stays_live(relay_factory, sqlite_url):
     from relay.store import Store
 
     relay = relay_factory(sqlite_url)
     working = relay.app.state.store
     relay.app.state.store = Store("postgresql://relay:hunter2@127.0.0.1:1/nowhere")  # nothing listens on port 1
     try:
-        answer = httpx.get(f"{relay.url}/healthz")
+        answer = httpx.get(f"{relay.url}/readyz")
+        live = httpx.get(f"{relay.url}/healthz")
     finally:
         relay.app.state.store.close()
         relay.app.state.store = working
     assert answer.status_code == 503 and answer.json()["status"] == "unavailable"
     assert "127.0.0.1:1" in answer.json()["detail"] and "hunter2" not in answer.json()["detail"]
+    # Liveness asks nothing of the store: restarting the relay would not bring the database back.
+    assert live.status_code == 200 and live.json() == {"status": "ok"}
 
 
 def test_metrics_count_events_dispatches_retries_and_failures(relay_factory, database_url):

@@ -19,7 +19,7 @@ from tests.relay.results_fixtures import oidc_issuer, results_backends, results_
 from tests.relay.results_support import report
 
 BIG = ("runs", "test_results", "deliveries", "dispatches")
-# Known and accepted: /metrics and /healthz count the outbox by state, which reads the whole state
+# Known and accepted: /metrics and /readyz count the outbox by state, which reads the whole state
 # index (the count of sent rows grows with the outbox's history).
 ACCEPTED = ("SELECT dispatches.state, count(*) AS count_1 \nFROM dispatches GROUP BY dispatches.state",)
 FAILING_ID = "collectives::test_broadcast"

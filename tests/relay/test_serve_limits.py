@@ -29,18 +29,18 @@ def test_slow_headers_are_cut_off(sqlite_url, fake_github, backends_dir, tmp_pat
     relay = RelayProcess(env, tmp_path / "relay.log").start()
     try:
         with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
+            sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
             assert _closed_by_server(sock)
         with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = b""
             while not answer.endswith(b"}"):  # the whole JSON answer of the first request
                 chunk = sock.recv(65536)
                 assert chunk, "the server closed instead of answering"
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200")
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHo")  # a second request on the same connection stalls
+            sock.sendall(b"GET /readyz HTTP/1.1\r\nHo")  # a second request on the same connection stalls
             assert _closed_by_server(sock)
-        assert httpx.get(f"{relay.url}/healthz", timeout=10).status_code == 200
+        assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200
     finally:
         relay.stop()

@@ -42,7 +42,7 @@ def _webhook(relay: RelayProcess, delivery: str) -> httpx.Response:
 
 
 def _health(relay: RelayProcess) -> httpx.Response:
-    return httpx.get(f"{relay.url}/healthz", timeout=GITHUB_DEADLINE)
+    return httpx.get(f"{relay.url}/readyz", timeout=GITHUB_DEADLINE)
 
 
 @pytest.fixture
