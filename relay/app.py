@@ -27,6 +27,7 @@ from relay import callbacks, dashboard, intake, observability, security_headers,
 from relay.descriptor_reload import DescriptorReload
 from relay.dispatch import Dispatcher
 from relay.github import DispatchSender, GitHubClient
+from relay.parts import RelayParts
 from relay.request_body import BodyBudget
 from relay.settings import Settings
 from relay.store import Store, StoreUnavailable
@@ -46,52 +47,45 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     metrics = observability.Metrics(store)
     github = github or GitHubClient.from_settings(settings)
 
+    dispatcher = Dispatcher.from_settings(settings, store, github, metrics) if settings.dispatcher_enabled else None
+    results = wiring.build(settings, backends_dir=backends_dir, allowlist=allowlist, store=store, github=github,
+                           metrics=metrics, dispatcher=dispatcher)
+
+    def use_allowlist(targets) -> None:
+        parts.allowlist = targets  # intake routing and the dashboard read it per request
+        results.use_allowlist(targets)
+
+    descriptors = DescriptorReload(backends_dir, store, use_allowlist, interval_seconds=settings.descriptor_check_seconds,
+                                   on_level_changed=results.run_changed)
+    parts = RelayParts(
+        settings=settings, secrets=settings.secret_values(),
+        body_budget=BodyBudget(settings.unauthenticated_body_budget_bytes), allowlist=allowlist, store=store,
+        metrics=metrics, github=github, dispatcher=dispatcher, results=results, descriptors=descriptors,
+    )
+
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(_app: FastAPI):
         store.migrate()
-        app.state.descriptors.record(app.state.allowlist)
-        if app.state.dispatcher is not None:
-            app.state.dispatcher.start()
-        app.state.results.start()
-        app.state.descriptors.start()
+        descriptors.record(parts.allowlist)
+        if dispatcher is not None:
+            dispatcher.start()
+        results.start()
+        descriptors.start()
         log.info("relay started", extra={"upstream": settings.upstream_repo, "backends": [t.name for t in allowlist],
                                          "store": store.safe_url})
         try:
             yield
         finally:
-            app.state.descriptors.stop()
-            app.state.results.stop()
-            if app.state.dispatcher is not None:
-                app.state.dispatcher.stop()
+            descriptors.stop()
+            results.stop()
+            if dispatcher is not None:
+                dispatcher.stop()
             store.close()
 
     app = FastAPI(title="relay", summary="upstream webhooks in, downstream repository_dispatch out", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     security_headers.install(app)
-    app.state.settings = settings
-    app.state.secrets = settings.secret_values()
-    app.state.body_budget = BodyBudget(settings.unauthenticated_body_budget_bytes)
-    app.state.allowlist = allowlist
-    app.state.store = store
-    app.state.metrics = metrics
-    app.state.github = github
-    app.state.dispatcher = (
-        Dispatcher.from_settings(settings, store, github, metrics) if settings.dispatcher_enabled else None
-    )
-    app.state.results = wiring.build(
-        settings, backends_dir=backends_dir, allowlist=allowlist, store=store, github=github, metrics=metrics,
-        dispatcher=app.state.dispatcher,
-    )
-    app.state.callbacks = app.state.results.callbacks
-
-    def use_allowlist(targets) -> None:
-        app.state.allowlist = targets  # intake routing and the dashboard read it per request
-        app.state.results.use_allowlist(targets)
-
-    app.state.descriptors = DescriptorReload(
-        backends_dir, store, use_allowlist, interval_seconds=settings.descriptor_check_seconds,
-        on_level_changed=app.state.results.run_changed,
-    )
+    app.state.parts = parts  # the one attribute: routes read it through relay.parts.parts_of
     app.add_exception_handler(intake.WebhookRejected, intake.rejection_handler)
     app.add_exception_handler(callbacks.CallbackRejected, callbacks.rejection_handler)
     app.add_exception_handler(StoreUnavailable, observability.store_unavailable_handler)

@@ -49,6 +49,7 @@ from conformance.report import ReportValidationError, validate_report
 
 from relay.json_input import JsonRefused, load_json
 from relay.oidc import AuthError, Caller, CallerAuth
+from relay.parts import parts_of
 from relay.request_body import BodyRefused, read_capped
 from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store import StoreUnavailable
@@ -175,7 +176,7 @@ class ReportLimits:
 
 @dataclasses.dataclass
 class CallbackService:
-    """Everything the callback endpoint needs (kept on ``app.state.callbacks``)."""
+    """Everything the callback endpoint needs (``RelayParts.callbacks``)."""
 
     store: Store
     auth: CallerAuth
@@ -275,7 +276,7 @@ class CallbackService:
 
 
 def _service(request: Request) -> CallbackService:
-    return request.app.state.callbacks
+    return parts_of(request).callbacks
 
 
 async def verified_caller(request: Request) -> Caller:
@@ -328,7 +329,7 @@ async def callback(request: Request, caller: Annotated[Caller, Depends(verified_
     service = _service(request)
     try:
         body = await read_capped(request, service.max_body_bytes, "RELAY_CALLBACK_MAX_BYTES",
-                                 timeout=request.app.state.settings.body_read_timeout_seconds)
+                                 timeout=parts_of(request).settings.body_read_timeout_seconds)
     except BodyRefused as refused:
         raise CallbackRejected(refused.status, refused.code, refused.detail) from None
     try:

@@ -46,6 +46,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from relay.app import create_app
     from relay.observability import configure_logging
+    from relay.parts import parts_of
     from relay.serving import uvicorn_options
     from relay.store import StoreUnavailable
 
@@ -53,7 +54,7 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     try:
-        app.state.store.ping()
+        parts_of(app).store.ping()
     except StoreUnavailable as exc:
         raise SettingsError(f"RELAY_DATABASE_URL: {exc}") from None
     # Everything loaded so far lives as long as the process: keep it out of the garbage collector's
@@ -61,7 +62,7 @@ def serve(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     # SIGHUP reloads the backend descriptors (uvicorn handles only SIGINT and SIGTERM; SIGHUP would end it).
-    signal.signal(signal.SIGHUP, lambda _signum, _frame: app.state.descriptors.request())
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: parts_of(app).descriptors.request())
     # Bounded resources for an exposed listener: connections, keep-alive and a header deadline.
     uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower(), access_log=False,
                 **uvicorn_options(settings))

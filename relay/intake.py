@@ -43,6 +43,7 @@ from relay import events as events_mod
 from relay import trust
 from relay.events import PayloadError, UpstreamEvent
 from relay.json_input import JsonRefused, load_json
+from relay.parts import parts_of
 from relay.request_body import BodyRefused, read_capped
 from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreRefused, StoreUnavailable
 
@@ -95,10 +96,11 @@ def signature_matches(body: bytes, header: str, secrets_: list[bytes]) -> bool:
 
 async def verified_webhook(request: Request) -> Webhook:
     """The signature is checked before any other header or the body is looked at."""
-    settings = request.app.state.settings
+    parts = parts_of(request)
+    settings = parts.settings
     try:
         body = await read_capped(request, settings.max_body_bytes, "RELAY_MAX_BODY_BYTES",
-                                 budget=request.app.state.body_budget, timeout=settings.body_read_timeout_seconds)
+                                 budget=parts.body_budget, timeout=settings.body_read_timeout_seconds)
     except BodyRefused as refused:
         raise WebhookRejected(refused.status, refused.code, refused.detail, refused.headers) from None
     signature = request.headers.get(SIGNATURE_HEADER)
@@ -106,7 +108,7 @@ async def verified_webhook(request: Request) -> Webhook:
         raise WebhookRejected(401, "signature_missing", f"{SIGNATURE_HEADER} header is missing; configure a secret on the webhook")
     if _SIGNATURE.fullmatch(signature) is None:
         raise WebhookRejected(401, "signature_malformed", f"{SIGNATURE_HEADER} must be 'sha256=' followed by 64 hex digits")
-    if not signature_matches(body, signature, request.app.state.secrets):
+    if not signature_matches(body, signature, parts.secrets):
         raise WebhookRejected(401, "signature_mismatch", "signature matches no configured webhook secret (RELAY_WEBHOOK_SECRETS)")
     event = request.headers.get("X-GitHub-Event")
     if not event or not _EVENT.fullmatch(event):
@@ -136,14 +138,14 @@ router = APIRouter(tags=["intake"])
 
 
 def _answer(request: Request, hook: Webhook, status: int, outcome: str, **fields: Any) -> JSONResponse:
-    request.app.state.metrics.events.labels(hook.event, outcome).inc()
+    parts_of(request).metrics.events.labels(hook.event, outcome).inc()
     log.info("webhook", extra={"event": hook.event, "delivery": hook.delivery, "outcome": outcome,
                                **{k: v for k, v in fields.items() if k in ("reason", "dispatches")}})
     return JSONResponse({"status": outcome, "delivery": hook.delivery, **fields}, status_code=status)
 
 
 def _invalid(request: Request, hook: Webhook, exc: PayloadError) -> JSONResponse:
-    request.app.state.metrics.events.labels(hook.event, "invalid").inc()
+    parts_of(request).metrics.events.labels(hook.event, "invalid").inc()
     return JSONResponse({"error": "invalid_payload", "detail": f"delivery {hook.delivery}: {exc}"}, status_code=400)
 
 
@@ -171,7 +173,7 @@ def _snapshot(event: UpstreamEvent) -> PullRequestSnapshot | None:
 @router.post("/github/webhook", status_code=202)
 async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONResponse:
     """Store the delivery and its dispatches, then answer (see the module docstring for every answer)."""
-    state = request.app.state
+    state = parts_of(request)
     if hook.event == "ping":
         return _answer(request, hook, 200, "pong", zen=hook.payload.get("zen"))
     if hook.event not in FORWARDED_EVENTS | STORED_EVENTS:
@@ -204,13 +206,14 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
         outcome="dispatched" if targets else outcome, summary=event.summary(), reason=reason, payload=raw,
         body_sha256=hashlib.sha256(hook.body).hexdigest(),
     )
+    snapshot = _snapshot(event)
     store = state.store
     try:
         # Bounded: a frozen database (or a commit stuck ahead of this one) gets a 503 before GitHub's
         # 10 s run out; the wait's cancellation drops the write if it has not started. A write already
         # under way may still commit: GitHub's redelivery is then answered "duplicate".
         fresh = await asyncio.wait_for(
-            asyncio.wrap_future(store.submit_delivery(delivery, new_dispatches, _snapshot(event))), store.deadline_seconds,
+            asyncio.wrap_future(store.submit_delivery(delivery, new_dispatches, snapshot)), store.deadline_seconds,
         )
     except (StoreUnavailable, TimeoutError) as exc:
         error = str(exc) or f"no commit within {store.deadline_seconds:g}s (RELAY_STORE_DEADLINE_SECONDS)"
@@ -230,6 +233,10 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
                               "nothing new is dispatched")
     if targets and state.dispatcher is not None:
         state.dispatcher.wake()
+    if snapshot is not None:
+        # New labels (or a new head) can change what a PR's checks show (an L3 label): reporting looks
+        # now instead of at its next poll.
+        state.results.run_changed()
     fields: dict[str, Any] = {"dispatches": [t.name for t in targets]}
     if reason:
         fields["reason"] = reason

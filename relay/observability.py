@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, Field
 
+from relay.parts import parts_of
 from relay.store import Store, StoreUnavailable
 
 __all__ = ["Metrics", "configure_logging", "router"]
@@ -141,14 +142,14 @@ def readyz(request: Request) -> JSONResponse:
     """Readiness: 200 when the store can be written within its deadline, no background worker keeps
     failing and no credential is paused; 503 naming the problem otherwise."""
     try:
-        request.app.state.store.probe()
+        parts_of(request).store.probe()
     except StoreUnavailable as exc:
         return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
-    problems = request.app.state.results.problems()
+    problems = parts_of(request).results.problems()
     if problems:
         return JSONResponse({"status": "worker_failing", "detail": "; ".join(problems)}, status_code=503)
     try:
-        paused = [g for g in request.app.state.store.credential_gates() if g.paused]
+        paused = [g for g in parts_of(request).store.credential_gates() if g.paused]
     except StoreUnavailable as exc:
         return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
     if paused:
@@ -168,7 +169,7 @@ class QuarantinedEntry(BaseModel):
 def quarantined(request: Request, limit: int = Query(100, ge=1, le=1000)) -> list[QuarantinedEntry]:
     """Rows background passes could not handle, newest first: each is skipped until an operator fixes it."""
     try:
-        entries = request.app.state.store.quarantined(limit)
+        entries = parts_of(request).store.quarantined(limit)
     except StoreUnavailable as exc:
         return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
     return [QuarantinedEntry(**dataclasses.asdict(entry)) for entry in entries]
@@ -177,7 +178,7 @@ def quarantined(request: Request, limit: int = Query(100, ge=1, le=1000)) -> lis
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
     """Prometheus metrics; with ``RELAY_METRICS_TOKEN`` set, only for ``Authorization: Bearer <token>``."""
-    token = request.app.state.settings.metrics_token
+    token = parts_of(request).settings.metrics_token
     if token is not None:
         given = request.headers.get("authorization", "")
         expected = f"Bearer {token.get_secret_value()}"
@@ -185,4 +186,4 @@ def metrics(request: Request) -> Response:
             return JSONResponse({"error": "metrics_token", "detail": (
                 "/metrics needs 'Authorization: Bearer <token>' with the token set in RELAY_METRICS_TOKEN")},
                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(parts_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -91,27 +91,36 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
                             dashboard_url=settings.dashboard_url)
         reporting = ReportingWorker(reporter, poll_seconds=settings.reporting_poll_seconds,
                                     window_seconds=settings.nonce_ttl_hours * 3600)
-    side = ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=None, reruns=None)  # type: ignore[arg-type]
-    callbacks.on_run_changed = side.run_changed
+    # Parts that change runs only wake reporting, which reads what changed from the store.
+    def run_changed(_run_pk: int | None = None) -> None:
+        if reporting is not None:
+            reporting.wake()
+
+    callbacks.on_run_changed = run_changed
+    sweeper = None
     if settings.sweeper_enabled:
-        side.sweeper = Sweeper(
+        sweeper = Sweeper(
             store, start_timeout_seconds=settings.run_start_timeout_seconds,
             run_timeout_seconds=settings.run_timeout_seconds, nonce_ttl_seconds=settings.nonce_ttl_hours * 3600,
-            interval_seconds=settings.sweep_interval_seconds, on_run_changed=side.run_changed,
+            interval_seconds=settings.sweep_interval_seconds, on_run_changed=run_changed,
             registry=metrics.registry,
         )
-    side.reruns = RerunWatcher(
+    reruns = RerunWatcher(
         store, {t.name: t for t in allowlist}, upstream=settings.upstream_repo, app_id=settings.github_app_id,
         poll_seconds=settings.rerun_poll_seconds, on_dispatched=dispatcher.wake if dispatcher is not None else None,
     )
+    level_watch = None
     if settings.level_watch_enabled:
-        side.level_watch = LevelWatch(store, allowlist, criteria=criteria_from_settings(settings),
-                                      recovery_seconds=settings.level_hold_recovery_hours * 3600,
-                                      interval_seconds=settings.level_watch_seconds)
+        level_watch = LevelWatch(store, allowlist, criteria=criteria_from_settings(settings),
+                                 recovery_seconds=settings.level_hold_recovery_hours * 3600,
+                                 interval_seconds=settings.level_watch_seconds)
     if dispatcher is not None:
-        dispatcher.on_sent = side.run_changed
+        dispatcher.on_sent = run_changed
+    proposals = None
     if settings.proposals_repository:
-        side.proposals = Proposer.from_settings(settings, store, github, allowlist, registry=metrics.registry)
+        proposals = Proposer.from_settings(settings, store, github, allowlist, registry=metrics.registry)
     else:
         log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
+    side = ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=sweeper, reruns=reruns,
+                       level_watch=level_watch, proposals=proposals)
     return side

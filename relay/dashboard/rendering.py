@@ -1,7 +1,7 @@
 """What every dashboard page shares: the Jinja2 environment (autoescaping on), the request's context
 (store, visible backends, level criteria), and small formatting helpers.
 
-Read by each page module; reads ``app.state`` (set by :func:`relay.app.create_app`); writes nothing.
+Read by each page module; reads the app's parts (``relay.parts.parts_of``); writes nothing.
 Every string that came from outside (PR titles, test ids, failure messages, run URLs) reaches HTML
 only through Jinja2 with autoescaping, and reaches scripts only through ``tojson`` inside a
 ``<script type="application/json">`` block, which escapes ``<``, ``>`` and ``&``.
@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from relay.level_review import criteria_from_settings
+from relay.parts import parts_of
 from relay.trust import BackendTarget, LevelCriteria, TrustLevel
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class DashboardContext:
 
 
 def context(request: Request) -> DashboardContext:
-    state = request.app.state
+    state = parts_of(request)
     visible = {t.name: t for t in state.allowlist if t.on_dashboard}
     hidden = tuple(t.name for t in state.allowlist if not t.on_dashboard)
     return DashboardContext(state.store, visible, hidden, criteria_from_settings(state.settings), state.settings.upstream_repo)

@@ -133,8 +133,14 @@ class RelayUnderTest:
         self.thread.join(30)
 
     @property
+    def parts(self):
+        from relay.parts import parts_of
+
+        return parts_of(self.app)
+
+    @property
     def store(self):
-        return self.app.state.store
+        return self.parts.store
 
     def post(self, event: str, payload: dict | bytes, *, delivery: str | None = None, secret: str = SECRET,
              headers: dict[str, str] | None = None) -> httpx.Response:

@@ -23,7 +23,7 @@ def _sent_pull_request(relay, delivery_id: str, title: str, backend: str = "l2")
                      client_payload={"event": "pull_request", "action": "opened", "repository": UPSTREAM,
                                      "pull_request": {"number": 9}, "head": {"sha": "a" * 40, "ref": "f"}})],
     )
-    relay.app.state.dispatcher.wake()
+    relay.parts.dispatcher.wake()
     (row,) = wait_until(lambda: [d for d in relay.store.dispatches(delivery_id) if d.state == "sent"], what="the dispatch sent")
     return row.id
 

@@ -41,7 +41,7 @@ def test_a_webhook_is_committed_while_a_maximal_report_is_stored(results_relay, 
     nonce = drive.nonce("l2", drive.open_pr(31))
     assert drive.start("l2", nonce).status_code == 200
     (run,) = relay.store.runs(backend="l2", pr_number=31)
-    big = _many_tests(relay.app.state.settings.callback_max_tests)
+    big = _many_tests(relay.parts.settings.callback_max_tests)
     answers: list[httpx.Response] = []
     completing = threading.Thread(target=lambda: answers.append(drive.complete("l2", nonce, report_body=big)))
     observer = relay.store.engine

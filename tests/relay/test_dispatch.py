@@ -246,7 +246,7 @@ def test_no_claims_spin_while_every_due_row_waits_for_a_resting_credential(relay
     for index in range(4):
         relay.post("push", push_payload(after=f"{index}" * 40))
     wait(lambda: any(r.answered == 429 for r in relay.fake.requests), what="the 429")
-    claims = relay.app.state.metrics.claims
+    claims = relay.parts.metrics.claims
     before = claims.labels("empty")._value.get()
     resting_since = time.monotonic()
     relay.wait_settled()

@@ -66,7 +66,7 @@ def test_bad_pull_request_fields_are_400_naming_the_field(sqlite_relay, field, v
         target = target[part]
     target[leaf] = value
     if field == "repository.full_name":  # another repository is ignored before validation: keep it upstream-like
-        sqlite_relay.app.state.settings = sqlite_relay.app.state.settings.model_copy(update={"upstream_repo": value})
+        sqlite_relay.parts.settings = sqlite_relay.parts.settings.model_copy(update={"upstream_repo": value})
     _refused(sqlite_relay.post("pull_request", payload, delivery="field-1"), "field-1", field)
     assert sqlite_relay.store.delivery("field-1") is None
 
@@ -122,7 +122,7 @@ def test_a_signed_body_is_a_duplicate_only_within_the_replay_window(relay):
     body = json.dumps(pr_payload(number=31)).encode()
     assert relay.post("pull_request", body, delivery="window-1").status_code == 202
     assert relay.post("pull_request", body, delivery="window-2").json()["status"] == "duplicate"
-    hours = relay.app.state.settings.replay_window_hours
+    hours = relay.parts.settings.replay_window_hours
     with relay.store.engine.begin() as connection:  # the first copy was stored longer ago than the window
         old = connection.execute(text("SELECT received_at FROM deliveries WHERE delivery_id = 'window-1'")).scalar_one()
         old = old if not isinstance(old, str) else dt.datetime.fromisoformat(old)
@@ -181,7 +181,7 @@ def test_unauthenticated_bodies_share_a_bounded_budget(relay_factory, sqlite_url
 
         # The held upload's reservation is visible once the relay started reading it.
         deadline = time.monotonic() + 20
-        while relay.app.state.body_budget.used < 900_000:
+        while relay.parts.body_budget.used < 900_000:
             assert time.monotonic() < deadline, "the relay never started reading the held body"
             time.sleep(0.01)
         refused = relay.post("push", b"{" + b" " * 499_000 + b"}", delivery="big-2")
@@ -201,4 +201,4 @@ def test_a_stalled_body_is_answered_408(relay_factory, sqlite_url):
         assert _status_of(sock) == 408
     finally:
         sock.close()
-    assert relay.app.state.body_budget.used == 0
+    assert relay.parts.body_budget.used == 0

@@ -28,7 +28,7 @@ def set_level(backends, name, level):
 
 
 def settle(relay):
-    assert relay.app.state.results.reporting.wait_idle(30)
+    assert relay.parts.results.reporting.wait_idle(30)
 
 
 def check_of(relay, backend, number, head_sha="a" * 40):
@@ -53,12 +53,12 @@ def reconcile_by_hand(relay, backends, backend, level, expected_change, expected
     """Stop the reporting worker, change the level, check what each pass would take (bounded by its
     batch, open PRs' heads only), then report those runs through the reporter as the worker does;
     ``expected``: {(backend, PR, head): outcome}."""
-    relay.app.state.results.reporting.stop()
+    relay.parts.results.reporting.stop()
     set_level(backends, backend, level)
-    assert relay.app.state.descriptors.check_once() == expected_change
+    assert relay.parts.descriptors.check_once() == expected_change
     since = utcnow() - dt.timedelta(days=1)
     assert len(relay.store.reports_pending(CHECK_RUN, since=since, limit=1)) == 1  # a pass takes at most its batch
-    reporter = relay.app.state.results.reporter
+    reporter = relay.parts.results.reporter
     outcomes = {(row.run.backend, row.run.pr_number, row.run.head_sha): reporter.report(row)
                 for row in relay.store.reports_pending(CHECK_RUN, since=since, limit=50)}
     assert outcomes == expected
@@ -100,7 +100,7 @@ def test_l4_to_l3_turns_the_checks_of_open_prs_without_the_label_neutral(
     assert drive.complete("l4", running, "failure").status_code == 200
     since = utcnow() - dt.timedelta(days=1)
     (finishing,) = relay.store.reports_pending(CHECK_RUN, since=since, limit=50)
-    assert relay.app.state.results.reporter.report(finishing) == "not_shown"  # nothing more is written
+    assert relay.parts.results.reporter.report(finishing) == "not_shown"  # nothing more is written
     assert check_of(relay, "l4", 60)["output"]["title"].startswith("crcr/l4: no longer blocking")
     assert httpx.get(f"{relay.url}/api/backends/l4").json()["level"] == "L3"
 
@@ -124,9 +124,9 @@ def test_l4_to_l2_finalizes_open_checks_as_no_longer_reported_and_ends_its_hold(
     (hold,) = relay.store.level_holds("l4")
     assert hold.ended_by == "level changed: L4 -> L2"  # a person decided its level
     set_level(results_backends, "l4", "L1")  # a later change says so again
-    assert relay.app.state.descriptors.check_once() == {"l4": ("L2", "L1")}
+    assert relay.parts.descriptors.check_once() == {"l4": ("L2", "L1")}
     since = utcnow() - dt.timedelta(days=1)
-    reporter = relay.app.state.results.reporter
+    reporter = relay.parts.results.reporter
     assert [reporter.report(r) for r in relay.store.reports_pending(CHECK_RUN, since=since, limit=50)] == ["reported"] * 2
     for number in (70, 71):
         assert check_of(relay, "l4", number)["output"]["title"].startswith("crcr/l4: no longer reported: l4 is now L1")
@@ -155,7 +155,7 @@ def test_a_descriptor_that_does_not_load_keeps_the_allowlist_in_use(
         database_url, results_relay, results_backends):  # noqa: F811
     relay, drive = results_relay(database_url, **MANUAL)
     (results_backends / "l4.yaml").write_text("name: l4\nrelay: {level: L9}\n")
-    reload = relay.app.state.descriptors
+    reload = relay.parts.descriptors
     assert reload.check_once() is None
     assert "l4.yaml" in reload.last_error
     assert httpx.get(f"{relay.url}/api/backends/l4").json()["level"] == "L4"

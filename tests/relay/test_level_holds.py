@@ -47,14 +47,14 @@ def run_to_end(drive, relay, backend, number, conclusion):
     nonce = drive.nonce(backend, drive.open_pr(number))
     assert drive.start(backend, nonce).status_code == 200
     assert drive.complete(backend, nonce, conclusion).status_code == 200
-    assert relay.app.state.results.reporting.wait_idle(30)
+    assert relay.parts.results.reporting.wait_idle(30)
     run = relay.store.runs(backend=backend, pr_number=number)[0]
     (check,) = [c for c in relay.fake.check_runs.values() if c["external_id"] == str(run.id)]
     return check
 
 
 def watch(relay, now=None):
-    return relay.app.state.results.level_watch.watch_once(now)
+    return relay.parts.results.level_watch.watch_once(now)
 
 
 def test_a_blocking_backend_below_its_bar_is_reported_neutral_with_the_reason_and_its_review(
@@ -168,12 +168,12 @@ def test_a_held_backend_s_commit_status_is_non_blocking_and_links_its_review(dat
         nonce = drive.nonce("l4", drive.open_pr(number, head_sha=f"{number:040d}"))
         drive.start("l4", nonce)
         drive.complete("l4", nonce, "failure", report_body=None)
-    assert relay.app.state.results.reporting.wait_idle(30)
+    assert relay.parts.results.reporting.wait_idle(30)
     assert watch(relay)["l4"] == "held"
     nonce = drive.nonce("l4", drive.open_pr(52, head_sha="5" * 40))
     drive.start("l4", nonce)
     drive.complete("l4", nonce, "failure")
-    assert relay.app.state.results.reporting.wait_idle(30)
+    assert relay.parts.results.reporting.wait_idle(30)
     final = [s for s in relay.fake.statuses if s["context"] == "crcr/l4" and s["sha"] == "5" * 40][-1]
     assert final["state"] == "success" and final["description"].startswith("neutral (non-blocking, below its L4 bar)")
     assert final["target_url"] == "http://dashboard.test/backends/l4"

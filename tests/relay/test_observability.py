@@ -29,14 +29,14 @@ def test_readyz_is_503_when_the_store_is_unreachable_while_healthz_stays_live(re
     from relay.store import Store
 
     relay = relay_factory(sqlite_url)
-    working = relay.app.state.store
-    relay.app.state.store = Store("postgresql://relay:hunter2@127.0.0.1:1/nowhere")  # nothing listens on port 1
+    working = relay.parts.store
+    relay.parts.store = Store("postgresql://relay:hunter2@127.0.0.1:1/nowhere")  # nothing listens on port 1
     try:
         answer = httpx.get(f"{relay.url}/readyz")
         live = httpx.get(f"{relay.url}/healthz")
     finally:
-        relay.app.state.store.close()
-        relay.app.state.store = working
+        relay.parts.store.close()
+        relay.parts.store = working
     assert answer.status_code == 503 and answer.json()["status"] == "unavailable"
     assert "127.0.0.1:1" in answer.json()["detail"] and "hunter2" not in answer.json()["detail"]
     # Liveness asks nothing of the store: restarting the relay would not bring the database back.

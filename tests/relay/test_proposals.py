@@ -275,7 +275,7 @@ def test_proposals_open_update_close_and_respect_a_person(driven):
 def test_nothing_is_proposed_without_a_descriptor_repository(database_url, results_relay, monkeypatch, capsys,  # noqa: F811
                                                              results_backends):
     relay, _ = results_relay(database_url)
-    assert relay.app.state.results.proposals is None
+    assert relay.parts.results.proposals is None
     from relay.cli import main
 
     for name, value in {"RELAY_WEBHOOK_SECRETS": "s", "RELAY_GITHUB_TOKEN": "test-token", "RELAY_DATABASE_URL": database_url,
@@ -294,7 +294,7 @@ def test_the_background_pass_and_the_cli_propose(database_url, results_relay, mo
         assert drive.start("l4", nonce).status_code == 200
         assert drive.complete("l4", nonce, "failure").status_code == 200
     relay.fake.add_file(DESCRIPTORS, "backends/l4.yaml", DESCRIPTOR.replace('reason: *ring', 'reason: "x"'))
-    proposals = relay.app.state.results.proposals
+    proposals = relay.parts.results.proposals
     passes = proposals.totals["none"]
 
     deadline = time.monotonic() + 30
@@ -303,7 +303,7 @@ def test_the_background_pass_and_the_cli_propose(database_url, results_relay, mo
     assert proposals.totals["none"] >= passes + 8 and proposals.totals["failed"] == 0
     assert relay.fake.pull_requests(DESCRIPTORS) == []  # below the bar for minutes, not 3 days
     proposals.stop()  # the CLI's pass, with a shorter delay, is the only one from here on
-    assert relay.app.state.results.level_watch.watch_once()["l4"] in ("held", "still_held")  # below its bar: held
+    assert relay.parts.results.level_watch.watch_once()["l4"] in ("held", "still_held")  # below its bar: held
     hold = relay.store.current_level_hold("l4")
     assert hold is not None and hold.level == "L4"
     for name, value in {"RELAY_WEBHOOK_SECRETS": "s", "RELAY_GITHUB_TOKEN": "test-token", "RELAY_DATABASE_URL": database_url,

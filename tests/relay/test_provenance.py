@@ -43,7 +43,7 @@ def with_torch(backend: str, git_version: str) -> dict:
 
 
 def settle(relay):
-    assert relay.app.state.results.reporting.wait_idle(30)
+    assert relay.parts.results.reporting.wait_idle(30)
 
 
 def statuses(fake, context):

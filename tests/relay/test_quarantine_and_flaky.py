@@ -29,7 +29,7 @@ def entry(match="collectives::test_broadcast", days=30, reason="flaky ring timeo
 
 
 def settle(relay):
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
 
 
 def finish(drive, relay, backend, number, tests, conclusion="failure"):

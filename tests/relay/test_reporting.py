@@ -19,7 +19,7 @@ def statuses(fake, context):
 
 
 def settle(relay):
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
 
 
 def test_check_runs_l4_real_conclusion_l3_neutral_l2_nothing(database_url, results_relay, app_mode, wait):  # noqa: F811
@@ -57,7 +57,7 @@ def test_states_already_reported_are_skipped(database_url, results_relay, app_mo
     settle(relay)
     before = len(relay.fake.requests)
     (run,) = relay.store.runs(backend="l4", pr_number=22)
-    assert relay.app.state.results.reporter.report_run(run.id) == "unchanged"
+    assert relay.parts.results.reporter.report_run(run.id) == "unchanged"
     assert len(relay.fake.requests) == before
     assert relay.store.reported_state(run.id, "check_run").state == "completed:success"
 
@@ -263,3 +263,17 @@ def test_status_descriptions_are_plain_one_line_text(sqlite_url, results_relay):
     assert description.startswith("0 passed, 1 failed; first: a::test_")
     assert all(ch.isprintable() for ch in description), repr(description)
     assert "\u202e" not in description and "\x1b" not in description
+
+
+def test_labels_stored_by_intake_wake_reporting(database_url, results_relay, wait):  # noqa: F811
+    # Reporting polls once an hour here: only a wake makes it look. The labeled event names a label no
+    # backend listens to, so nothing is dispatched (no send wakes reporting): the PR's stored labels,
+    # which now carry the L3 label, are what intake hands over.
+    relay, drive = results_relay(database_url, reporting_poll_seconds=3600)
+    nonce = drive.nonce("l3", drive.open_pr(25))
+    assert drive.start("l3", nonce).status_code == 200
+    settle(relay)
+    assert statuses(relay.fake, "crcr/l3") == []
+    drive.open_pr(25, action="labeled", label="unrelated", labels=(LABEL, "unrelated"), updated_at="2024-05-01T11:00:00Z")
+    assert relay.store.outbox_depth()["queued"] == 0
+    wait(lambda: statuses(relay.fake, "crcr/l3"), what="the L3 status once intake stored the label")

@@ -43,7 +43,7 @@ def check_run_rerequested(run_pk: int, backend: str, head_sha: str = "a" * 40, *
 
 def reported_check_run(relay, run_pk: int) -> int:
     """The id of the check run the relay created upstream for ``run_pk``."""
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
     state = relay.store.reported_state(run_pk, "check_run")
     assert state is not None and state.external_id is not None, state
     return state.external_id
@@ -61,7 +61,7 @@ def post_and_handle(relay, event: str, payload: dict):
     delivery = str(uuid.uuid4())
     response = relay.post(event, payload, delivery=delivery)
     assert response.status_code == 202 and response.json()["status"] == "stored", response.text
-    watcher = relay.app.state.results.reruns
+    watcher = relay.parts.results.reruns
     watcher.poll_once()
     relay.wait_settled()
     return delivery, relay.store.rerun_request(delivery)
@@ -98,7 +98,7 @@ def test_check_suite_rerequested_redispatches_the_backends_with_check_runs(datab
     first = drive.open_pr(32, head_sha="e" * 40)
     for backend in ("l2", "l4"):
         drive.start(backend, drive.nonce(backend, first))
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
     payload = {"action": "rerequested", "check_suite": {"head_sha": "e" * 40, "app": {"id": APP_ID}},
                "repository": {"full_name": UPSTREAM}, "sender": {"login": "maintainer"}}
     foreign = copy.deepcopy(payload)
@@ -193,7 +193,7 @@ def test_each_request_acts_once(database_url, results_relay):  # noqa: F811
     relay, drive = results_relay(database_url, rerun_poll_seconds=3600)
     _, _, run_pk = finished_run(drive, "l4", 37)
     delivery, _ = post_and_handle(relay, "issue_comment", retest_comment("/retest l4", "OWNER", 37))
-    assert relay.app.state.results.reruns.poll_once() == 0
+    assert relay.parts.results.reruns.poll_once() == 0
     assert len(dispatched_to(relay, "l4", delivery)) == 1
 
 

@@ -14,7 +14,7 @@ def test_a_sent_dispatch_has_its_run_and_upstream_shows_it_queued(database_url, 
     assert {(r.state, r.delivery_id, r.title) for r in runs} == {("dispatched", delivery, "Fix things")}
     sent = {d.id: d.sent_at for d in relay.store.dispatches(delivery)}
     assert all(r.dispatched_at == sent[r.dispatch_id] for r in runs)
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
     (queued,) = [s for s in relay.fake.statuses if s["context"] == "crcr/l4"]
     assert queued["state"] == "pending" and queued["description"].startswith("queued")
 
@@ -28,7 +28,7 @@ def test_a_sent_close_cancels_the_open_runs_of_the_pr_and_upstream_hears_of_it(d
     assert relay.post("pull_request", closed).status_code == 202
     relay.wait_settled()
     assert {(r.state, r.reason) for r in relay.store.runs(pr_number=44)} == {("cancelled", "pull_request_closed")}
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
     shown = [s for s in relay.fake.statuses if s["context"] == "crcr/l4"]
     assert [s["state"] for s in shown] == ["pending", "pending", "error"] and "cancelled" in shown[-1]["description"]
     late = drive.complete("l4", nonce, "success")

@@ -16,7 +16,7 @@ def sweeper_for(relay, *, at: dt.datetime | None = None, registry=None, **limits
     values = dict(start_timeout_seconds=HOUR, run_timeout_seconds=3 * 24 * HOUR, nonce_ttl_seconds=7 * 24 * HOUR)
     values.update(limits)
     return Sweeper(relay.store, clock=(lambda: at) if at else utcnow, registry=registry,
-                   on_run_changed=relay.app.state.results.run_changed, **values)
+                   on_run_changed=relay.parts.results.run_changed, **values)
 
 
 def test_never_started_times_out_and_the_status_says_so(database_url, results_relay):  # noqa: F811
@@ -26,13 +26,13 @@ def test_never_started_times_out_and_the_status_says_so(database_url, results_re
     assert counts["never_started"] == 0
     runs = relay.store.runs(pr_number=41)
     assert len(runs) == 4 and {r.state for r in runs} == {"dispatched"}  # one run per backend, made at dispatch
-    assert relay.app.state.results.reporting.wait_idle(10)  # "queued" reported before the time-out
-    later = sweeper_for(relay, at=utcnow() + dt.timedelta(hours=2), registry=relay.app.state.metrics.registry)
+    assert relay.parts.results.reporting.wait_idle(10)  # "queued" reported before the time-out
+    later = sweeper_for(relay, at=utcnow() + dt.timedelta(hours=2), registry=relay.parts.metrics.registry)
     counts = later.sweep_once()
     assert counts["never_started"] == 4 and counts["ran_too_long"] == 0
     runs = relay.store.runs(pr_number=41)
     assert {(r.state, r.conclusion, r.reason) for r in runs} == {("timed_out", "timed_out", "never_started")}
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
     l4 = [s for s in relay.fake.statuses if s["context"] == "crcr/l4"]
     assert [s["state"] for s in l4] == ["pending", "error"] and "timed out" in l4[-1]["description"]
     metrics = httpx.get(f"{relay.url}/metrics").text
@@ -49,7 +49,7 @@ def test_in_progress_too_long_times_out_and_the_check_run_completes(database_url
     assert counts["ran_too_long"] == 1
     (run,) = [r for r in relay.store.runs(pr_number=42) if r.backend == "l4"]
     assert (run.state, run.reason) == ("timed_out", "ran_too_long")
-    assert relay.app.state.results.reporting.wait_idle(10)
+    assert relay.parts.results.reporting.wait_idle(10)
     (check,) = [c for c in relay.fake.check_runs.values() if c["name"] == "crcr/l4"]
     assert (check["status"], check["conclusion"]) == ("completed", "timed_out")
     # a late callback for the timed-out run is refused
