@@ -9,6 +9,7 @@ are sent, so the controller never has to touch an accelerator.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib
 import importlib.util
 import json
@@ -169,6 +170,7 @@ class Rank:
 
 def main(argv: list[str]) -> int:
     _die_with_parent()
+    faulthandler.enable()  # a rank killed by a signal leaves its Python stack in its log (shown in RankCrashed)
     config = json.loads(argv[0])
     conn = Connection(config["fd"])
     rank = Rank(conn, config)

@@ -9,22 +9,24 @@ DTensor must too). A case passes when the output placements are valid for an ind
 gathered result equals eager's, or when both raise.
 
 Test ids read ``test_argmax[Shard(1)-dim=None-ties_across_shards-float32]`` (``dim=0,keepdim`` with
-keepdim). Every case of a mesh is evaluated by one ranks.run (cached in this process), each id then
-asserts its own record, so a few thousand cases cost seconds. ``test_compiled`` compares
-torch.compile with eager on bool inputs and on ties.
+keepdim). The cases of one placement on a mesh are evaluated by one ranks.run (``_evaluations``: cached in
+this process, evaluated again once if a rank dies), each id then asserts its own record, so a few
+thousand cases cost seconds. ``test_compiled`` compares torch.compile with eager on bool inputs and on ties.
 """
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from conformance import requires, world_size
-from conformance.checks import ConformanceFailure
 from conformance.suites import _argminmax as matrix
+from conformance.suites._evaluations import Evaluations, assert_verdicts
 
 pytestmark = requires("dtensor")
 
-_RESULTS: dict[tuple, object] = {}
+_EVALUATIONS = Evaluations()
 
 
 def _params(mesh: str, op: str):
@@ -32,39 +34,22 @@ def _params(mesh: str, op: str):
             for case in matrix.cases(mesh) if case.op == op]
 
 
-def _cached(ranks, key: tuple, fn, *args):
-    """One ranks.run per key in this process; every test of the key reads (or re-raises) its outcome."""
-    if key not in _RESULTS:
-        try:
-            _RESULTS[key] = ranks.run(fn, *args)
-        except AssertionError as exc:  # RankError: the whole evaluation failed; every case says so
-            _RESULTS[key] = exc
-    outcome = _RESULTS[key]
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
-
-
-def _raise_problems(problems: dict[int, str], what: str) -> None:
-    if not problems:
-        return
-    by_message: dict[str, list[int]] = {}
-    for rank, message in problems.items():
-        by_message.setdefault(message, []).append(rank)
-    lines = [f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {m}" for m, r in by_message.items()]
-    raise ConformanceFailure(f"{what}:\n  " + "\n  ".join(lines))
+@functools.cache
+def _keys_of_placement(mesh: str, placement: str) -> tuple[str, ...]:
+    return tuple(matrix.case_key(c) for c in matrix.cases(mesh) if c.placement == placement)
 
 
 def check_case(ranks, case: matrix.Case, *, mesh: str = "1d", handler: str = "dtensor",
                only: tuple[str, ...] | None = None) -> None:
-    """Assert one case of the matrix (evaluating the whole matrix, or the cases in ``only``, on first use)."""
-    per_rank = _cached(ranks, ("matrix", mesh, handler, only, ranks.world_size), matrix.evaluate_matrix, mesh,
-                       handler, only)
-    key = matrix.case_key(case)
-    problems = {rank: message for rank, records in enumerate(per_rank)
-                if (message := matrix.verdict(case, records[key])) is not None}
-    _raise_problems(problems, f"DTensor {case.op} over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) "
-                              "differs from eager")
+    """Assert one case of the matrix, evaluating on first use the cases in ``only``, or else every
+    case of the mesh with the case's placement (one evaluation per placement: a rank that crashes
+    takes only that placement's evaluation with it)."""
+    if only is None:
+        only = _keys_of_placement(mesh, case.placement)
+    per_rank = _EVALUATIONS.records(ranks, ("matrix", mesh, handler, only), matrix.evaluate_matrix, mesh, handler,
+                                    only)
+    assert_verdicts(per_rank, matrix.case_key(case), lambda record: matrix.verdict(case, record),
+                    f"DTensor {case.op} over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) differs from eager")
 
 
 @pytest.mark.parametrize("case", _params("1d", "argmax"))
@@ -93,7 +78,7 @@ def test_argmin_2d_mesh(ranks, case):
 @pytest.mark.parametrize("op, dim, data", [pytest.param(*c, id=matrix.compiled_case_id(*c))
                                            for c in matrix.COMPILED_CASES])
 def test_compiled(ranks, op, dim, data):
-    records = _cached(ranks, ("compiled", ranks.world_size), matrix.evaluate_compiled)[0]
+    per_rank = _EVALUATIONS.records(ranks, ("compiled",), matrix.evaluate_compiled)
     case_id = matrix.compiled_case_id(op, dim, data)
-    message = matrix.compiled_verdict(case_id, records[case_id])
-    _raise_problems({0: message} if message else {}, f"torch.compile differs from eager on {ranks.device}")
+    assert_verdicts(per_rank[:1], case_id, lambda record: matrix.compiled_verdict(case_id, record),
+                    f"torch.compile differs from eager on {ranks.device}")

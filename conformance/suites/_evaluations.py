@@ -1,0 +1,92 @@
+"""Groups of cases evaluated by one ``ranks.run`` each and shared by every test of the group (the DTensor suites).
+
+A group's rank function returns ``{case id: record}`` on every rank (the ranks agreeing on each
+case's outcome, ``_dtensor_mesh``); each test then asserts its own record with a verdict.
+
+A rank that dies during an evaluation is a crash of the backend, not a verdict on any one case, and
+it would fail every test of the group. The pool respawns its ranks and the group is evaluated again,
+up to ``EVALUATIONS_AFTER_A_CRASH`` more times: the first evaluation that completes decides, and every
+test of the group warns (``RankCrashWarning``) with each crash, so an intermittent crash is reported,
+never hidden. When every evaluation crashes, every test of the group fails with the last crash.
+(torch 2.13's DTensor argmax/argmin sometimes crashes its rank under ``torch.set_default_device``:
+docs/known-bugs.md.)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from conformance.checks import ConformanceFailure
+from conformance.ranks import RankCrashed
+
+
+class RankCrashWarning(UserWarning):
+    """A group of cases was evaluated again because a rank died during its first evaluation."""
+
+
+EVALUATIONS_AFTER_A_CRASH = 2
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    per_rank: list | None
+    error: AssertionError | None
+    crashes: tuple[str, ...]
+
+
+def _crash_summary(exc: RankCrashed) -> str:
+    """The summary and each dead rank's exit and first line of output (e.g. glibc's heap-corruption message)."""
+    parts = [exc.summary]
+    for error in exc.errors:
+        if error.exc_type == "RankGone":
+            output = [line for line in error.traceback.splitlines()[1:] if line.strip()]
+            parts.append(f"rank {error.rank} {error.message}" + (f": {output[0].strip()[:200]}" if output else ""))
+    return "; ".join(parts)
+
+
+def _evaluate(ranks, fn: Callable, args: tuple) -> _Outcome:
+    crashes: list[str] = []
+    while True:
+        try:
+            return _Outcome(ranks.run(fn, *args), None, tuple(crashes))
+        except RankCrashed as exc:
+            crashes.append(_crash_summary(exc))
+            if len(crashes) > EVALUATIONS_AFTER_A_CRASH:
+                return _Outcome(None, exc, tuple(crashes))
+        except AssertionError as exc:  # RankError: the whole evaluation failed; every case says so
+            return _Outcome(None, exc, tuple(crashes))
+
+
+class Evaluations:
+    """The outcome of each group's evaluation in this process, keyed by the group and the world size."""
+
+    def __init__(self) -> None:
+        self._outcomes: dict[tuple, _Outcome] = {}
+
+    def records(self, ranks, key: tuple, fn: Callable, *args: Any) -> list[dict]:
+        """Each rank's ``{case id: record}`` for group ``key`` (evaluating it on first use), or its error."""
+        key = (*key, ranks.world_size)
+        if key not in self._outcomes:
+            self._outcomes[key] = _evaluate(ranks, fn, args)
+        outcome = self._outcomes[key]
+        if outcome.crashes:
+            what = "crashed every time" if outcome.error is not None else "was evaluated again on fresh ranks"
+            warnings.warn(RankCrashWarning(f"{getattr(fn, '__name__', fn)} {what} after {len(outcome.crashes)} "
+                                           f"crash(es): " + " | ".join(outcome.crashes)), stacklevel=2)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.per_rank
+
+
+def assert_verdicts(per_rank: list[dict], case_id: str, verdict: Callable[[dict], str | None], what: str) -> None:
+    """Raise ``ConformanceFailure`` listing each distinct problem ``verdict`` finds in the ranks' records
+    of ``case_id``, with the ranks that have it."""
+    problems: dict[str, list[int]] = {}
+    for rank, records in enumerate(per_rank):
+        if (message := verdict(records[case_id])) is not None:
+            problems.setdefault(message, []).append(rank)
+    if problems:
+        lines = [f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {m}" for m, r in problems.items()]
+        raise ConformanceFailure(f"{what}:\n  " + "\n  ".join(lines))

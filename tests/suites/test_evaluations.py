@@ -1,0 +1,62 @@
+"""A rank that dies while a group of DTensor cases is evaluated: the group is evaluated again on fresh
+ranks, every test of the group warns with the crash, and a group that crashes every time fails with it.
+
+Real ranks over gloo; the rank functions crash by SIGSEGV (as the DTensor crash in docs/known-bugs.md
+does) on the first N calls, counted in a file every rank of every generation sees.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from conformance.ranks import RankCrashed, RankPool
+from conformance.suites import _evaluations
+from conformance.suites._evaluations import Evaluations, RankCrashWarning
+
+
+def crash_first_calls(ctx, counter: str, crashes: int) -> dict:
+    """Rank 1 dies by SIGSEGV on the first ``crashes`` calls; then every rank returns its record."""
+    path = Path(counter)
+    if ctx.rank == 1:
+        calls = int(path.read_text()) if path.exists() else 0
+        path.write_text(str(calls + 1))
+        if calls < crashes:
+            os.kill(os.getpid(), signal.SIGSEGV)
+    return {"case": {"rank": ctx.rank}}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, timeout=60, grace=2.0) as p:
+        yield p
+
+
+def test_a_crash_is_evaluated_again_and_every_test_of_the_group_warns(pool, tmp_path):
+    evaluations, counter = Evaluations(), str(tmp_path / "calls")
+    for _ in range(2):  # two tests of the group: both warn, the group is evaluated once more only
+        with pytest.warns(RankCrashWarning, match=r"crash_first_calls was evaluated again on fresh ranks after 1 "
+                                                  r"crash\(es\): cpu pool \(2 ranks, gloo\): rank 1 died during "
+                                                  r"crash_first_calls; rank 1 killed by SIGSEGV \(exit code -11\): "
+                                                  r"Fatal Python error: Segmentation fault"):
+            per_rank = evaluations.records(pool, ("group",), crash_first_calls, counter, 1)
+        assert per_rank == [{"case": {"rank": 0}}, {"case": {"rank": 1}}]
+    assert Path(counter).read_text() == "2"
+
+
+def test_a_group_that_crashes_every_time_fails_with_the_last_crash(pool, tmp_path):
+    evaluations, counter = Evaluations(), str(tmp_path / "calls")
+    attempts = _evaluations.EVALUATIONS_AFTER_A_CRASH + 1
+    with pytest.warns(RankCrashWarning, match=rf"crash_first_calls crashed every time after {attempts} crash\(es\)"):
+        with pytest.raises(RankCrashed, match=r"rank 1 died during crash_first_calls"):
+            evaluations.records(pool, ("group",), crash_first_calls, counter, attempts)
+    assert Path(counter).read_text() == str(attempts)
+    # The pool works afterwards, and the outcome is kept: the group is not evaluated a fourth time.
+    with pytest.warns(RankCrashWarning), pytest.raises(RankCrashed):
+        evaluations.records(pool, ("group",), crash_first_calls, counter, attempts)
+    assert Path(counter).read_text() == str(attempts)
+    assert Evaluations().records(pool, ("other",), crash_first_calls, counter, 0) == [{"case": {"rank": 0}},
+                                                                                      {"case": {"rank": 1}}]
