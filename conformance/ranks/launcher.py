@@ -165,7 +165,7 @@ class LauncherPool(RankPool):
     def _key(self, n: int, rank: int) -> str:
         return f"{self.prefix}x/{n}/{rank}"
 
-    def _collect(self, wanted, timeout, *, grace=None):
+    def _collect(self, wanted, timeout, *, grace=None, call=None):
         """Everyone's replies: this rank's (watched locally, as ``RankPool._collect`` does, but giving up
         ``grace`` s after a peer reported an error) and every peer's, read from the store."""
         self._exchanges += 1
@@ -181,7 +181,7 @@ class LauncherPool(RankPool):
                 break
             if wait([proc.conn], timeout=min(remaining, 0.2)):
                 try:
-                    name, body = protocol.recv(proc.conn)
+                    name, body = protocol.recv_or_unreadable(proc.conn)
                 except (EOFError, OSError):
                     try:
                         proc.popen.wait(timeout=10)
@@ -190,7 +190,7 @@ class LauncherPool(RankPool):
                     mine = (protocol.RANK_GONE, {"message": f"{proc.exit_description()} on {self.world.node}",
                                                  "traceback": f"last output of rank {me}:\n{proc.output_tail()}"})
                     break
-                if name in wanted:
+                if name in wanted and not self._late(me, name, body, wanted, call):
                     mine = (name, body)
                 continue
             if grace is not None and not seen_peer_failure:

@@ -115,6 +115,7 @@ class RankPool:
         self.store = None
         self.generation = 0
         self.spawns = 0
+        self.calls = 0  # numbers each call, so a late reply to an earlier one is never taken for its answer
         self.events: list[str] = []
         self.closed = False
         self._booting = False  # spawned, not yet known to be ready
@@ -226,10 +227,11 @@ class RankPool:
     def run_with_timeout(self, timeout: float, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
         module, qualname, path = _describe(fn)
         self.start()
+        self.calls += 1
         for rank in self.ranks:
-            protocol.send(rank.conn, protocol.CALL, module=module, qualname=qualname, path=path,
+            protocol.send(rank.conn, protocol.CALL, call=self.calls, module=module, qualname=qualname, path=path,
                           args=args, kwargs=kwargs)
-        replies = self._collect({protocol.RESULT, protocol.ERROR}, timeout, grace=self.grace)
+        replies = self._collect({protocol.RESULT, protocol.ERROR}, timeout, grace=self.grace, call=self.calls)
         return self._outcome(qualname, timeout, replies)
 
     def _outcome(self, what: str, timeout: float, replies: dict[int, tuple]) -> list[Any]:
@@ -287,10 +289,12 @@ class RankPool:
             return RemoteError(rank, "InitFailed", "rank failed to start", body["traceback"])
         return RemoteError(rank, body["exc_type"], body["message"], body["traceback"])
 
-    def _collect(self, wanted: set[str], timeout: float, *, grace: float | None = None) -> dict[int, tuple]:
+    def _collect(self, wanted: set[str], timeout: float, *, grace: float | None = None,
+                 call: int | None = None) -> dict[int, tuple]:
         """{rank: (message name, body)}: one reply per rank of the ``wanted`` kinds, or ``RANK_GONE`` for
         a rank whose channel closed, gathered for at most ``timeout`` s; with ``grace``, stop waiting
-        ``grace`` s after the first error or death (the others may be stuck in a collective)."""
+        ``grace`` s after the first error or death (the others may be stuck in a collective). With
+        ``call``, a reply to another call is dropped (one left over from a call that ended early)."""
         replies: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         by_conn = {r.conn: r for r in self.ranks}
@@ -302,16 +306,29 @@ class RankPool:
             for conn in wait(pending, timeout=remaining):
                 rank = by_conn[conn]
                 try:
-                    name, body = protocol.recv(conn)
+                    name, body = protocol.recv_or_unreadable(conn)
                 except (EOFError, OSError):
                     rank.popen.wait(timeout=10)
                     name, body = protocol.RANK_GONE, {}
+                if self._late(rank.rank, name, body, wanted, call):
+                    continue
                 if name in wanted or name is protocol.RANK_GONE:
                     replies[rank.rank] = (name, body)
                 if grace is not None and name in (protocol.ERROR, protocol.RANK_GONE):
                     deadline = min(deadline, time.monotonic() + grace)
                     grace = None
         return replies
+
+
+    def _late(self, rank: int, name, body: dict, wanted: set[str], call: int | None) -> bool:
+        """Whether a reply answers an earlier call than ``call`` (and is to be dropped, with an event)."""
+        if body.get("exc_type") == protocol.UNREADABLE:
+            body["call"] = call  # unreadable, so unnumbered: it answers the call being collected
+            return False
+        if call is None or name not in wanted or body.get("call") == call:
+            return False
+        self.events.append(f"dropped a late {name} reply of rank {rank} to call {body.get('call')}")
+        return True
 
 
 def _listed(ranks) -> str:

@@ -1,9 +1,13 @@
 """The pool's wire vocabulary: every message is a ``(name, kwargs)`` pair over one socket per rank.
 
-Controller -> rank: ``call`` (run a function), ``reset_group`` (start a fresh process group), ``shutdown``.
-Rank -> controller: ``ready`` (process group up), ``result``, ``error`` (a remote exception with its
-traceback), ``group_ready`` (after a reset), ``init_failed`` (start-up failed, with the traceback).
-A rank whose socket closes is gone: the controller sees that as ``RANK_GONE``.
+Controller -> rank: ``call`` (run a function, numbered by ``call``), ``reset_group`` (start a fresh process
+group), ``shutdown``.
+Rank -> controller: ``ready`` (process group up), ``result`` and ``error`` (a remote exception with its
+traceback), both carrying the number of the call they answer, ``group_ready`` (after a reset),
+``init_failed`` (start-up failed, with the traceback).
+A rank whose socket closes is gone: the controller sees that as ``RANK_GONE``. A reply the controller
+cannot unpickle becomes an ``error`` of that rank (``UNREADABLE``); the stream stays in step because
+the whole message was read first.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ GROUP_READY = "group_ready"
 INIT_FAILED = "init_failed"
 
 
+UNREADABLE = "UnreadableReply"  # exc_type of the error a reply that cannot be unpickled becomes
+
+
 class Marker(enum.Enum):
     RANK_GONE = "rank_gone"
 
@@ -39,3 +46,15 @@ def send(conn, name: str, **kwargs) -> None:
 
 def recv(conn) -> tuple[str, dict]:
     return pickle.loads(conn.recv_bytes())
+
+
+def recv_or_unreadable(conn) -> tuple[str, dict]:
+    """``recv``, except that a message that cannot be unpickled (a class only the rank can import, a
+    dtype torch cannot unpickle) becomes an ``error``: the bytes are consumed either way."""
+    data = conn.recv_bytes()
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is this reply's error
+        return ERROR, {"exc_type": UNREADABLE, "call": None, "traceback": "",
+                       "message": f"its reply ({len(data)} bytes) could not be unpickled here: "
+                                  f"{type(exc).__name__}: {exc}"}

@@ -137,13 +137,13 @@ class Rank:
         )
         ctx.group = dist.group.WORLD
 
-    def on_call(self, module: str, qualname: str, path: str | None, args: tuple, kwargs: dict) -> None:
+    def on_call(self, call: int, module: str, qualname: str, path: str | None, args: tuple, kwargs: dict) -> None:
         try:
             fn = _resolve(module, qualname, path)
             value = _to_cpu(fn(self.ctx, *args, **kwargs))
-            self.send(protocol.RESULT, value=value)
+            self.send(protocol.RESULT, call=call, value=value)
         except BaseException as exc:  # report everything, including SystemExit from the function
-            self.send(protocol.ERROR, exc_type=type(exc).__qualname__, message=str(exc),
+            self.send(protocol.ERROR, call=call, exc_type=type(exc).__qualname__, message=str(exc),
                       traceback=traceback.format_exc())
 
     def on_reset_group(self, generation: int) -> None:

@@ -1,8 +1,11 @@
 """Module-level functions the harness tests run on ranks (rank processes import them by name)."""
 
 import ctypes
+import json
+import operator
 import os
 import signal
+import sys
 import time
 
 
@@ -89,3 +92,28 @@ def faithful_all_reduce(ctx):
     t = torch.full((4,), float(ctx.rank), device=ctx.device)
     dist.all_reduce(t)
     return t, str(torch.empty(0).device)
+
+
+class UnpicklableHere:
+    """Pickles on the rank; unpickling it raises (as a class only the rank can import would)."""
+
+    def __reduce__(self):
+        return (operator.truediv, (1, 0))
+
+
+def unreadable_on(ctx, rank):
+    return UnpicklableHere() if ctx.rank == rank else ("fresh", ctx.rank)
+
+
+def send_a_late_reply(ctx, call):
+    """Rank 0 first sends a result numbered ``call`` down its own channel, as a reply to an earlier call
+    that ended early would arrive; then every rank answers this call."""
+    if ctx.rank == 0:
+        from multiprocessing.connection import Connection
+
+        from conformance.ranks import protocol
+
+        channel = Connection(os.dup(json.loads(sys.argv[1])["fd"]))
+        protocol.send(channel, protocol.RESULT, call=call, value="late")
+        channel.close()
+    return ("fresh", ctx.rank)

@@ -190,3 +190,19 @@ def test_custom_registered_backend_runs(tmp_path):
         results = pool.run(fns.rank_and_sum, 5)
     assert [r[3] for r in results] == ["conformance_loopback"] * 2
     assert [r[4] for r in results] == [11, 11]
+
+
+def test_a_reply_the_controller_cannot_unpickle_is_that_ranks_error_and_the_next_call_gets_fresh_replies(pool):
+    with pytest.raises(RankError, match=r"unreadable_on raised on rank 1\n--- rank 1: UnreadableReply: its reply "
+                                        r"\(\d+ bytes\) could not be unpickled here: ZeroDivisionError: division by zero"):
+        pool.run(fns.unreadable_on, 1)
+    # Rank 0's answer to that call was read with it, not left for the next call to take as its own.
+    assert pool.run(fns.unreadable_on, -1) == [("fresh", 0), ("fresh", 1)]
+    assert not [e for e in pool.events if e.startswith("dropped a late")]
+
+
+def test_a_late_reply_to_an_earlier_call_is_dropped_not_taken_for_the_answer(pool):
+    earlier = pool.calls
+    assert pool.run(fns.send_a_late_reply, earlier) == [("fresh", 0), ("fresh", 1)]
+    assert pool.events[-1] == f"dropped a late result reply of rank 0 to call {earlier}"
+    assert pool.run(fns.rank_and_sum, 0)[0][:2] == (0, 2)  # nothing left over for the next call either
