@@ -237,7 +237,12 @@ def _apply_op(op: str, args):
     return values, indices
 
 
-def _op_case(ctx, op: str, specs: tuple[str, ...], mesh) -> dict[str, Any]:
+def default_apply_op(op: str, args):
+    """What the suite checks: the op itself, applied to DTensor operands (``_apply_op``)."""
+    return _apply_op(op, args)
+
+
+def _op_case(ctx, op: str, specs: tuple[str, ...], mesh, apply_op=default_apply_op) -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import distribute_tensor
 
@@ -248,7 +253,7 @@ def _op_case(ctx, op: str, specs: tuple[str, ...], mesh) -> dict[str, Any]:
     eager = _apply_op(op, eager_in)
     dist_in = [distribute_tensor(f.clone(), mesh, placements(s)).requires_grad_(g)
                for f, s, g in zip(fulls, specs, grads)]
-    result = _apply_op(op, dist_in)
+    result = apply_op(op, dist_in)
     record: dict[str, Any] = {}
     outs, refs = (result, eager) if isinstance(result, tuple) else ((result,), (eager,))
     record["placements"] = [str(p) for p in outs[0].placements]
@@ -263,10 +268,14 @@ def _op_case(ctx, op: str, specs: tuple[str, ...], mesh) -> dict[str, Any]:
     return record
 
 
-def evaluate_ops(ctx, mesh: str) -> dict[str, dict]:
+def evaluate_ops(ctx, mesh: str, applier: str = "dtensor") -> dict[str, dict]:
+    """Rank function: every op case of ``mesh``, the DTensor side applied by ``applier`` (``"dtensor"``:
+    the op itself; else ``"package.module:ATTRIBUTE"``, ``(op, dtensor_args) -> result``)."""
     shape = (ctx.world_size,) if mesh == "1d" else (2, 2)
     table = OPS_1D if mesh == "1d" else OPS_2D
-    return run_cases(ctx, shape, [(op_case_id(op, specs), lambda m, op=op, specs=specs: _op_case(ctx, op, specs, m))
+    apply_op = resolve_injected(applier, default_apply_op, "op applier")
+    return run_cases(ctx, shape, [(op_case_id(op, specs),
+                                   lambda m, op=op, specs=specs: _op_case(ctx, op, specs, m, apply_op))
                                   for op, specs, _ in table])
 
 

@@ -37,8 +37,8 @@ def test_redistribute_2d_mesh(ranks, case):
     check_redistribute(ranks, case, "2d")
 
 
-def check_op(ranks, op, specs, expected, mesh: str = "1d") -> None:
-    per_rank = _EVALUATIONS.records(ranks, ("ops", mesh), cases.evaluate_ops, mesh)
+def check_op(ranks, op, specs, expected, mesh: str = "1d", applier: str = "dtensor") -> None:
+    per_rank = _EVALUATIONS.records(ranks, ("ops", mesh, applier), cases.evaluate_ops, mesh, applier)
     assert_verdicts(per_rank, cases.op_case_id(op, specs), lambda r: cases.op_verdict(op, specs, expected, r),
             f"DTensor {op} over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) differs from eager")
 

@@ -1,7 +1,8 @@
-"""Deliberately broken redistributions, handed to the dtensor suite by import path.
+"""Deliberately broken redistributions and ops, handed to the dtensor suite by import path.
 
-Each has the signature ``(dtensor, mesh, placements) -> DTensor``; the suite's rank function imports
-this module on every rank (``redistributor="tests.suites._broken_dtensor:NAME"``).
+Redistributions have the signature ``(dtensor, mesh, placements) -> DTensor`` (``redistributor=``), ops
+``(op, dtensor_args) -> result`` (``applier=``); the suite's rank functions import this module on every
+rank (``"tests.suites._broken_dtensor:NAME"``).
 """
 
 from __future__ import annotations
@@ -42,3 +43,42 @@ def replicate_claimed(dtensor, mesh, placements):
     from torch.distributed.tensor import Replicate
 
     return dtensor.redistribute(mesh, [Replicate()] * len(placements))
+
+
+# -- broken ops: ``(op, dtensor_args) -> result``, handed to the suite's op checks (``applier=``) -------
+
+def matmul_partial_claimed_replicate(op, args):
+    """A contraction over a sharded dim whose partial sums are labelled Replicate (never reduced)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from conformance.suites._dtensor_cases import default_apply_op
+
+    result = default_apply_op(op, args)
+    if op != "matmul" or not any(p.is_partial() for p in result.placements):
+        return result
+    return DTensor.from_local(result.to_local(), result.device_mesh, [Replicate()] * result.device_mesh.ndim,
+                              run_check=False, shape=result.shape, stride=result.stride())
+
+
+def softmax_over_the_local_shard(op, args):
+    """Softmax normalised over each rank's own columns when the softmax dim is sharded."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from conformance.suites._dtensor_cases import default_apply_op
+
+    (x,) = args if op == "softmax" else (None,)
+    if op != "softmax" or not any(p.is_shard(x.ndim - 1) for p in x.placements):
+        return default_apply_op(op, args)
+    local = torch.softmax(x.to_local(), dim=-1)
+    return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def sum_gradient_doubled(op, args):
+    """The right sum forward, a gradient twice too large backward."""
+    from conformance.suites._dtensor_cases import default_apply_op
+
+    result = default_apply_op(op, args)
+    if op == "sum":
+        result.register_hook(lambda grad: grad * 2)
+    return result

@@ -1,7 +1,8 @@
 """The DTensor suites catch what they claim: broken argmax/argmin handlers fail the cases they get
 wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get
 right; a handler that crashes on one rank only is reported without hanging the matrix; broken
-redistributions fail the dtensor suite's redistribution checks.
+redistributions fail the dtensor suite's redistribution checks, and broken ops (partial sums labelled
+Replicate, a softmax over the local shard, a wrong gradient) its sharding-propagation checks.
 
 The broken implementations live in ``tests.suites._broken_argminmax`` and ``tests.suites._broken_dtensor``;
 the suites' rank functions import them on every rank by name and run them over the same real process
@@ -137,3 +138,32 @@ def test_a_target_placement_ignored_is_caught(ranks):
                                                  r"\['R'\], expected \['S\(1\)'\]"):
         _redistribute(ranks, "replicate_claimed", _redistribution("S0", "S1", "uneven"))
     _redistribute(ranks, "replicate_claimed", _redistribution("S1", "R", "uneven"))
+
+
+# -- the dtensor suite's sharding-propagation (op) checks -------------------------------------------
+
+def _op(ranks, applier, op, specs, expected):
+    from conformance.suites import test_dtensor as dtensor_suite
+
+    dtensor_suite.check_op(ranks, op, specs, expected, applier=BROKEN_DTENSOR + applier)
+
+
+def test_partial_sums_labelled_replicate_are_caught(ranks):
+    with pytest.raises(ConformanceFailure, match=r"ranks 0, 1: matmul on DTensor inputs placed \['S1', 'S0'\] gave "
+                                                 r"output placements \['R'\], expected \['P\(sum\)'\]"):
+        _op(ranks, "matmul_partial_claimed_replicate", "matmul", ("S1", "S0"), "P(sum)")
+    _op(ranks, "matmul_partial_claimed_replicate", "matmul", ("S0", "R"), "S0")  # no partial: untouched
+
+
+def test_a_softmax_over_the_local_shard_is_caught(ranks):
+    with pytest.raises(ConformanceFailure, match=r"softmax on DTensor inputs placed \['S1'\]: output 0 is \[\[.*\]\], "
+                                                 r"eager gives \[\["):
+        _op(ranks, "softmax_over_the_local_shard", "softmax", ("S1",), None)
+    _op(ranks, "softmax_over_the_local_shard", "softmax", ("S0",), "S0")  # the softmax dim is whole there
+
+
+def test_a_wrong_gradient_is_caught(ranks):
+    with pytest.raises(ConformanceFailure, match=r"sum on DTensor inputs placed \['S0'\]: gradient of operand 0 is "
+                                                 r"\[\[.*\]\], eager gives \[\["):
+        _op(ranks, "sum_gradient_doubled", "sum", ("S0",), "S0")
+    _op(ranks, "sum_gradient_doubled", "matmul", ("S1", "S0"), "P(sum)")
