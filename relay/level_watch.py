@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from relay.level_review import recommend
-from relay.periodic import PeriodicThread
+from relay.periodic import PeriodicThread, RunsPeriodically
 from relay.store.base import utcnow
 from relay.store.errors import StoreUnavailable
 from relay.store.level_holds import RECOVERED
@@ -41,7 +41,7 @@ class WatchFailed(RuntimeError):
     """The pass failed for some backends (the message names each and its error); the others were watched."""
 
 
-class LevelWatch:
+class LevelWatch(RunsPeriodically):
     """LevelWatch(store, targets, criteria=, recovery_seconds=, interval_seconds=): see the module."""
 
     def __init__(self, store, targets: Sequence[BackendTarget], *, criteria: Mapping[TrustLevel, LevelCriteria],
@@ -51,16 +51,7 @@ class LevelWatch:
         self.criteria = criteria
         self.recovery = dt.timedelta(seconds=recovery_seconds)
         # The first pass one interval after start: restarts (and replicas starting together) add no burst.
-        self._thread = PeriodicThread("relay-level-watch", interval_seconds, self.watch_once, first_after_interval=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._thread.stop()
-
-    def problem(self) -> str | None:
-        return self._thread.problem()
+        self._periodic = PeriodicThread("relay-level-watch", interval_seconds, self.watch_once, first_after_interval=True)
 
     def watch_once(self, now: dt.datetime | None = None) -> dict[str, str]:
         """One pass; returns {backend: what happened} (``held``, ``still_held``, ``above_bar``,

@@ -1,6 +1,6 @@
 """A background thread that runs one pass of work every few seconds until the app stops.
 
-Used by the sweeper and the re-run watcher: a pass that raises is logged and the next pass runs as
+Used by the sweeper, the re-run watcher, the level watch and the proposer (``RunsPeriodically``): a pass that raises is logged and the next pass runs as
 planned, so one bad row never stops the loop. The passes handle bad rows themselves (quarantine, see
 ``relay.store.quarantine``); a pass that still raises means the worker itself is failing, and after
 ``FAILING_AFTER`` such passes in a row :meth:`PeriodicThread.problem` says so (``/readyz`` reports it).
@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-__all__ = ["FAILING_AFTER", "PeriodicThread"]
+__all__ = ["FAILING_AFTER", "PeriodicThread", "RunsPeriodically"]
 
 log = logging.getLogger("relay.periodic")
 
@@ -70,3 +70,18 @@ class PeriodicThread:
     def _wait(self) -> None:
         self._wake.wait(self.interval if self.interval > 0 else None)  # 0: only when woken
         self._wake.clear()
+
+
+class RunsPeriodically:
+    """A worker whose passes run on ``self._periodic`` (a ``PeriodicThread`` its ``__init__`` sets)."""
+
+    _periodic: PeriodicThread
+
+    def problem(self) -> str | None:
+        return self._periodic.problem()
+
+    def start(self) -> None:
+        self._periodic.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._periodic.stop(timeout)

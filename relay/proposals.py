@@ -50,7 +50,7 @@ from relay import trust
 from relay.descriptor_edits import DescriptorEditError, remove_quarantine_entry, set_level
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError, RepositoryFile
 from relay.level_review import CriterionResult, recommend
-from relay.periodic import PeriodicThread
+from relay.periodic import PeriodicThread, RunsPeriodically
 from relay.reporting import md_code
 from relay.store.base import utcnow
 from relay.store.level_holds import LevelHold
@@ -217,7 +217,7 @@ def _release_proposal(target: BackendTarget, entry: QuarantinedTest, path: str, 
 
 
 # --- the pass ------------------------------------------------------------------------------------
-class Proposer:
+class Proposer(RunsPeriodically):
     """Proposer(store, github, targets, repository=..., criteria=...): one pass with ``propose_once()``."""
 
     def __init__(self, store, github: ProposalClient, targets: Sequence[BackendTarget], *, repository: str,
@@ -408,16 +408,6 @@ class Proposer:
         body = f"{CLOSED_MARK}\n**{why}**\n\n{pr.get('body') or ''}"
         self.github.update_pull_request(self.repository, pr["number"], body=body, state="closed")
         return self._outcome(subject, "closed", pr, why)
-
-    # --- background thread
-    def problem(self) -> str | None:
-        return self._periodic.problem()
-
-    def start(self) -> None:
-        self._periodic.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._periodic.stop(timeout)
 
 
 def outcome_json(outcome: ProposalOutcome) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from relay.periodic import PeriodicThread
+from relay.periodic import PeriodicThread, RunsPeriodically
 from relay.store import NewDispatch, StoreUnavailable
 from relay.store.deliveries import DeliveryView
 from relay.store.rerun_requests import RERUNS
@@ -152,7 +152,7 @@ def decide_rerun(event: str, payload: dict[str, Any], store, backends: Mapping[s
     return RerunDecision(reason=f"{event} is not a re-run request")
 
 
-class RerunWatcher:
+class RerunWatcher(RunsPeriodically):
     """Polls stored re-run requests, decides, and writes the new dispatches (one transaction each)."""
 
     def __init__(self, store, backends: Mapping[str, BackendTarget], *, upstream: str, app_id: str | None = None,
@@ -207,12 +207,3 @@ class RerunWatcher:
                 log.error("re-run request quarantined", extra={"delivery": delivery.delivery_id, "error": error})
                 self.store.quarantine_row(RERUNS, f"delivery {delivery.delivery_id}", error)
         return len(pending)
-
-    def problem(self) -> str | None:
-        return self._periodic.problem()
-
-    def start(self) -> None:
-        self._periodic.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._periodic.stop(timeout)

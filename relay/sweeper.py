@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from relay.periodic import PeriodicThread
+from relay.periodic import PeriodicThread, RunsPeriodically
 from relay.store.base import utcnow
 
 __all__ = ["REASONS", "SweepFailed", "Sweeper"]
@@ -41,7 +41,7 @@ class SweepFailed(RuntimeError):
     """A step of the pass raised (the message names each step and its error); the others ran."""
 
 
-class Sweeper:
+class Sweeper(RunsPeriodically):
     """Sweeper(store, start_timeout_s, run_timeout_s, nonce_ttl_s, on_run_changed=None, registry=None)."""
 
     def __init__(
@@ -112,12 +112,3 @@ class Sweeper:
         if failed:
             raise SweepFailed("; ".join(failed))
         return counts
-
-    def problem(self) -> str | None:
-        return self._periodic.problem()
-
-    def start(self) -> None:
-        self._periodic.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._periodic.stop(timeout)

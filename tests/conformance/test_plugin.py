@@ -13,6 +13,7 @@ import yaml
 
 from conformance.descriptors import CAPABILITIES
 from conformance.report import validate_report
+from tests.conformance.tagged_processes import processes_tagged
 
 SUITE = '''
 import pytest
@@ -229,20 +230,6 @@ def test_xdist_workers_have_their_own_pools_and_one_report(pytester):
     assert report.summary.passed == 4 and len(report.tests) == 4
 
 
-def _processes_tagged(tag: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"CONFORMANCE_TEST_TAG={tag}".encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def test_no_orphans_after_a_session_with_failures(pytester, monkeypatch):
     tag = uuid.uuid4().hex
     monkeypatch.setenv("CONFORMANCE_TEST_TAG", tag)
@@ -264,6 +251,6 @@ def test_no_orphans_after_a_session_with_failures(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=2)
     deadline = time.monotonic() + 10
-    while _processes_tagged(tag) and time.monotonic() < deadline:
+    while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_tagged(tag) == []
+    assert processes_tagged(tag) == []

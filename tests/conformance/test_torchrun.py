@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from conformance.report import validate_report
+from tests.conformance.tagged_processes import processes_tagged
 
 pytestmark = pytest.mark.slow
 TORCHRUN = shutil.which("torchrun") or f"{sys.executable} -m torch.distributed.run"
@@ -25,18 +26,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _processes_tagged(tag: str) -> list[int]:
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"CONFORMANCE_TEST_TAG={tag}".encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def launch_nodes(tmp_path, args: list[str], *, nproc: int = 1, rdzv: str = "static", timeout: float = 900):
@@ -56,7 +45,7 @@ def launch_nodes(tmp_path, args: list[str], *, nproc: int = 1, rdzv: str = "stat
     finally:
         for p in procs:
             p.kill()
-    assert _processes_tagged(tag) == [], "a rank or launcher process outlived the run"
+    assert processes_tagged(tag) == [], "a rank or launcher process outlived the run"
     return [(p.returncode, out) for p, out in zip(procs, outputs)]
 
 
