@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class DescriptorReload:
         self.last_error: str | None = None
         self._digest = content_digest(backends_dir)
         self._forced = False
+        self._checking = threading.Lock()  # the thread's pass and a direct call must not interleave
         self._thread = PeriodicThread("relay-descriptor-reload", interval_seconds, self.check_once)
 
     def start(self) -> None:
@@ -83,6 +85,10 @@ class DescriptorReload:
     def check_once(self) -> dict[str, tuple[str, str]] | None:
         """Reload if the files changed (or a reload was requested): the level changes it made, or None
         when nothing was reloaded (unchanged, or the descriptors do not load)."""
+        with self._checking:
+            return self._check_locked()
+
+    def _check_locked(self) -> dict[str, tuple[str, str]] | None:
         forced, self._forced = self._forced, False
         digest = content_digest(self.backends_dir)
         if digest == self._digest and not forced:

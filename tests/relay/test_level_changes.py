@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
+import threading
 import time
 
 import httpx
 import yaml
 
+from relay.descriptor_reload import DescriptorReload
 from relay.reporting import CHECK_RUN
 from relay.store.base import utcnow
 from tests.relay.helpers import RelayProcess, pr_payload, write_backend
@@ -164,6 +166,39 @@ def test_a_descriptor_that_does_not_load_keeps_the_allowlist_in_use(
     (results_backends / "l4.yaml").write_text(set_level_ok.read_text().replace("l3", "l4").replace("L3", "L4"))
     set_level(results_backends, "l4", "L3")
     assert reload.check_once() == {"l4": ("L4", "L3")} and reload.last_error is None
+
+
+class SlowSync:
+    """A store whose sync_backends waits until released, so a reload can be caught half done."""
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def sync_backends(self, targets):
+        self.entered.set()
+        assert self.release.wait(30)
+        return {}
+
+
+def test_a_check_during_the_threads_reload_waits_for_it(tmp_path):
+    # The reload thread's pass and a direct check (a test, SIGHUP's) once interleaved: the second saw
+    # the new digest and returned before the first had applied the files or recorded its error.
+    write_backend(tmp_path, "l4", "org/l4-ci", "L4")
+    applied, store = [], SlowSync()
+    reload = DescriptorReload(tmp_path, store, applied.append, interval_seconds=0)
+    write_backend(tmp_path, "l4", "org/l4-ci", "L3")
+    first = threading.Thread(target=reload.check_once)
+    first.start()
+    assert store.entered.wait(30)
+    second: list = []
+    waiter = threading.Thread(target=lambda: second.append(reload.check_once()))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not applied  # not answered "unchanged" while the reload is half done
+    store.release.set()
+    first.join(30)
+    waiter.join(30)
+    assert second == [None] and [t.level for t in applied[0]] == ["L3"]
 
 
 def test_sighup_reloads_the_descriptors_of_relay_serve(database_url, fake_github, tmp_path):
