@@ -19,6 +19,8 @@ from pathlib import Path
 
 from conformance.ranks import protocol
 
+FATAL_ERROR = "Fatal Python error:"  # faulthandler's first line when a signal kills the rank
+
 
 @dataclass
 class RankProcess:
@@ -64,11 +66,19 @@ class RankProcess:
         return f"exited with code {code}"
 
     def output_tail(self, lines: int = 20) -> str:
+        """The log's last ``lines`` lines. A rank killed by a signal ends its log with faulthandler's
+        stacks, which can fill them: the fatal error's own lines (the line before faulthandler's, e.g.
+        glibc's ``malloc(): ...`` on SIGABRT, and ``Fatal Python error: ...``) then lead the tail."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        all_lines = text.splitlines()
+        tail = all_lines[-lines:]
+        fatal = next((i for i in range(len(all_lines) - 1, -1, -1) if all_lines[i].startswith(FATAL_ERROR)), None)
+        if fatal is not None and fatal < len(all_lines) - lines:
+            tail = [line for line in all_lines[max(0, fatal - 1):fatal + 1] if line.strip()] + ["..."] + tail
+        return "\n".join(tail)
 
     def kill(self) -> None:
         if self.alive():

@@ -47,6 +47,17 @@ def segfault(ctx, rank):
     time.sleep(60)
 
 
+def abort_deep_in_a_stack(ctx, rank, depth=40):
+    """Print a line as glibc does before it aborts, then abort under ``depth`` Python frames, so
+    faulthandler's stack is longer than the output a crash report keeps."""
+    if depth:
+        return abort_deep_in_a_stack(ctx, rank, depth - 1)
+    if ctx.rank == rank:
+        print("malloc(): pretend heap corruption detected", flush=True)
+        os.abort()
+    time.sleep(60)
+
+
 def sleep_forever(ctx):
     time.sleep(3600)
 

@@ -125,6 +125,14 @@ def test_crash_report_includes_the_rank_output(pool):
     assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
 
 
+def test_crash_report_leads_with_the_fatal_error_when_the_stack_fills_the_tail(pool):
+    with pytest.raises(RankCrashed) as info:
+        pool.run(fns.abort_deep_in_a_stack, 1)
+    lines = info.value.errors[0].traceback.splitlines()
+    assert lines[1:4] == ["malloc(): pretend heap corruption detected", "Fatal Python error: Aborted", "..."]
+    assert "killed by SIGABRT" in str(info.value) and "abort_deep_in_a_stack" in "\n".join(lines[4:])
+
+
 def test_only_module_level_functions(pool):
     def local(ctx):
         return 1
