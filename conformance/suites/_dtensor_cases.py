@@ -313,13 +313,19 @@ def op_verdict(op: str, specs: tuple[str, ...], expected_placement: str | None, 
 RANDOM_CASES = ("R", "S0")
 
 
-def _random_case(ctx, spec: str, mesh) -> dict[str, Any]:
+def default_dropout(x):
+    import torch
+
+    return torch.nn.functional.dropout(x, p=0.5)
+
+
+def _random_case(ctx, spec: str, mesh, dropout) -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import distribute_tensor
 
     torch.manual_seed(1234)  # the same seed on every rank, as DTensor's random ops require
     x = distribute_tensor(torch.ones(8 * ctx.world_size, 16, device=ctx.device), mesh, placements(spec))
-    mask = torch.nn.functional.dropout(x, p=0.5).to_local() != 0
+    mask = dropout(x).to_local() != 0
     gathered: list = [None] * ctx.world_size
     import torch.distributed as dist
 
@@ -327,8 +333,12 @@ def _random_case(ctx, spec: str, mesh) -> dict[str, Any]:
     return {"masks": gathered}
 
 
-def evaluate_random(ctx) -> dict[str, dict]:
-    return run_cases(ctx, (ctx.world_size,), [(s, lambda m, s=s: _random_case(ctx, s, m)) for s in RANDOM_CASES])
+def evaluate_random(ctx, dropper: str = "dtensor") -> dict[str, dict]:
+    """Rank function: dropout (p=0.5) on a Replicate and a Shard(0) DTensor of ones, each rank's mask
+    gathered. ``dropper``: ``"dtensor"`` (torch's dropout) or ``"package.module:ATTRIBUTE"``, ``(dtensor) -> dtensor``."""
+    dropout = resolve_injected(dropper, default_dropout, "dropout")
+    return run_cases(ctx, (ctx.world_size,), [(s, lambda m, s=s: _random_case(ctx, s, m, dropout))
+                                              for s in RANDOM_CASES])
 
 
 def random_verdict(spec: str, record: dict) -> str | None:
@@ -356,9 +366,18 @@ def _compiled_model(x, w):
     return torch.relu(x @ w).sum(dim=0)
 
 
-def evaluate_compiled(ctx) -> dict[str, dict]:
-    """A small DTensor program (matmul, relu, sum over the sharded dim) compiled and eager."""
+def default_compile(fn):
     import torch
+
+    return torch.compile(fn, fullgraph=True)
+
+
+def evaluate_compiled(ctx, compiler: str = "dtensor") -> dict[str, dict]:
+    """A small DTensor program (matmul, relu, sum over the sharded dim) compiled and eager. ``compiler``:
+    ``"dtensor"`` (``torch.compile``) or ``"package.module:ATTRIBUTE"``, ``(fn) -> compiled fn``."""
+    import torch
+
+    compile_fn = resolve_injected(compiler, default_compile, "compiler")
 
     def case(mesh):
         from torch.distributed.tensor import distribute_tensor
@@ -367,7 +386,7 @@ def evaluate_compiled(ctx) -> dict[str, dict]:
         x = torch.randn(8, 6, generator=gen, device="cpu").to(ctx.device)
         w = torch.randn(6, 4, generator=gen, device="cpu").to(ctx.device)
         dx, dw = distribute_tensor(x, mesh, placements("S0")), distribute_tensor(w, mesh, placements("R"))
-        compiled = torch.compile(_compiled_model, fullgraph=True)(dx, dw)
+        compiled = compile_fn(_compiled_model)(dx, dw)
         return {"compiled": compiled.full_tensor(), "eager": _compiled_model(x, w),
                 "placements": [str(p) for p in compiled.placements]}
 

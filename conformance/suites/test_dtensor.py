@@ -54,14 +54,22 @@ def test_op_2d_mesh(ranks, op, specs, expected):
     check_op(ranks, op, specs, expected, "2d")
 
 
+def check_dropout(ranks, spec: str, dropper: str = "dtensor") -> None:
+    per_rank = _EVALUATIONS.records(ranks, ("random", dropper), cases.evaluate_random, dropper)
+    assert_verdicts(per_rank[:1], spec, lambda r: cases.random_verdict(spec, r),
+                    f"DTensor's random-number contract over {ranks.backend}")
+
+
 @pytest.mark.parametrize("spec", cases.RANDOM_CASES)
 def test_dropout_mask(ranks, spec):
-    per_rank = _EVALUATIONS.records(ranks, ("random",), cases.evaluate_random)
-    assert_verdicts(per_rank[:1], spec, lambda r: cases.random_verdict(spec, r),
-            f"DTensor's random-number contract over {ranks.backend}")
+    check_dropout(ranks, spec)
+
+
+def check_compiled(ranks, compiler: str = "dtensor") -> None:
+    per_rank = _EVALUATIONS.records(ranks, ("compiled", compiler), cases.evaluate_compiled, compiler)
+    assert_verdicts(per_rank, "matmul-relu-sum", cases.compiled_verdict, f"DTensor under torch.compile on {ranks.device}")
 
 
 @requires("compile")
 def test_compiled(ranks):
-    per_rank = _EVALUATIONS.records(ranks, ("compiled",), cases.evaluate_compiled)
-    assert_verdicts(per_rank, "matmul-relu-sum", cases.compiled_verdict, f"DTensor under torch.compile on {ranks.device}")
+    check_compiled(ranks)

@@ -82,3 +82,39 @@ def sum_gradient_doubled(op, args):
     if op == "sum":
         result.register_hook(lambda grad: grad * 2)
     return result
+
+
+# -- broken dropout: ``(dtensor) -> dtensor``, handed to the random-number check (``dropper=``) ------
+
+def dropout_of_each_local_shard(x):
+    """Dropout of each rank's local tensor from the shared seed: every shard gets the same mask."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    local = torch.nn.functional.dropout(x.to_local(), p=0.5)
+    return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def dropout_seeded_by_rank(x):
+    """Dropout of each local tensor from a seed offset by the rank: a replicated tensor's copies differ."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(1234 + dist.get_rank())
+    local = torch.nn.functional.dropout(x.to_local(), p=0.5)
+    return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
+# -- a broken compiler: ``(fn) -> compiled fn``, handed to the torch.compile check (``compiler=``) ----
+
+def compiled_without_the_reduction(fn):
+    """A 'compiled' program that runs ``fn`` on the local shards and calls the result replicated:
+    the sum over the sharded dim is never reduced across ranks (a dropped all-reduce)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    def run(x, w):
+        local = fn(x.to_local(), w.to_local())
+        return DTensor.from_local(local, x.device_mesh, [Replicate()], run_check=False)
+
+    return run

@@ -1,8 +1,10 @@
 """The DTensor suites catch what they claim: broken argmax/argmin handlers fail the cases they get
 wrong, with a message giving the placement, dim, data and both answers, and pass the ones they get
 right; a handler that crashes on one rank only is reported without hanging the matrix; broken
-redistributions fail the dtensor suite's redistribution checks, and broken ops (partial sums labelled
-Replicate, a softmax over the local shard, a wrong gradient) its sharding-propagation checks.
+redistributions fail the dtensor suite's redistribution checks, broken ops (partial sums labelled
+Replicate, a softmax over the local shard, a wrong gradient) its sharding-propagation checks, broken
+dropout (one mask on every shard, replicated copies that differ) its random-number checks, and a
+compiled program that drops its reduction its torch.compile check.
 
 The broken implementations live in ``tests.suites._broken_argminmax`` and ``tests.suites._broken_dtensor``;
 the suites' rank functions import them on every rank by name and run them over the same real process
@@ -167,3 +169,31 @@ def test_a_wrong_gradient_is_caught(ranks):
                                                  r"\[\[.*\]\], eager gives \[\["):
         _op(ranks, "sum_gradient_doubled", "sum", ("S0",), "S0")
     _op(ranks, "sum_gradient_doubled", "matmul", ("S1", "S0"), "P(sum)")
+
+
+# -- the dtensor suite's random-number and torch.compile checks -------------------------------------
+
+def test_the_same_mask_on_every_shard_is_caught(ranks):
+    from conformance.suites import test_dtensor as dtensor_suite
+
+    with pytest.raises(ConformanceFailure, match=r"rank 0: dropout on a Shard\(0\) DTensor gave rank 0's shard the "
+                                                 r"same mask as rank\(s\) \[1\]: one mask repeated"):
+        dtensor_suite.check_dropout(ranks, "S0", dropper=BROKEN_DTENSOR + "dropout_of_each_local_shard")
+    dtensor_suite.check_dropout(ranks, "R", dropper=BROKEN_DTENSOR + "dropout_of_each_local_shard")
+
+
+def test_replicated_masks_that_differ_are_caught(ranks):
+    from conformance.suites import test_dtensor as dtensor_suite
+
+    with pytest.raises(ConformanceFailure, match=r"rank 0: dropout on a Replicate DTensor gave different masks on "
+                                                 r"ranks \[1\] than on rank 0: the result is not replicated"):
+        dtensor_suite.check_dropout(ranks, "R", dropper=BROKEN_DTENSOR + "dropout_seeded_by_rank")
+    dtensor_suite.check_dropout(ranks, "S0", dropper=BROKEN_DTENSOR + "dropout_seeded_by_rank")
+
+
+def test_a_compiled_program_that_drops_a_reduction_is_caught(ranks):
+    from conformance.suites import test_dtensor as dtensor_suite
+
+    with pytest.raises(ConformanceFailure, match=r"DTensor under torch.compile on \S+:\n  rank 0: compiled DTensor "
+                                                 r"program gives \[.*\], eager \[.*\]\n  rank 1: "):
+        dtensor_suite.check_compiled(ranks, compiler=BROKEN_DTENSOR + "compiled_without_the_reduction")
