@@ -41,8 +41,10 @@ def _crash_summary(exc: RankCrashed) -> str:
     parts = [exc.summary]
     for error in exc.errors:
         if error.exc_type == "RankGone":
-            output = [line for line in error.traceback.splitlines()[1:] if line.strip()]
-            parts.append(f"rank {error.rank} {error.message}" + (f": {output[0].strip()[:200]}" if output else ""))
+            output = [line.strip() for line in error.traceback.splitlines()[1:] if line.strip()]
+            # The tail leads with the fatal error's lines, then "...", when faulthandler's stacks fill it.
+            first = " / ".join(output[:output.index("...")]) if "..." in output else (output[0] if output else "")
+            parts.append(f"rank {error.rank} {error.message}" + (f": {first[:300]}" if first else ""))
     return "; ".join(parts)
 
 

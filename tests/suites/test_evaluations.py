@@ -29,6 +29,19 @@ def crash_first_calls(ctx, counter: str, crashes: int) -> dict:
     return {"case": {"rank": ctx.rank}}
 
 
+def abort_first_call_deep_in_a_stack(ctx, counter: str, depth: int = 40) -> dict:
+    """As glibc does on heap corruption: rank 1 prints a line and aborts, here under ``depth`` frames
+    (faulthandler's stack is then longer than the output a crash report keeps), on the first call."""
+    if depth:
+        return abort_first_call_deep_in_a_stack(ctx, counter, depth - 1)
+    path = Path(counter)
+    if ctx.rank == 1 and not path.exists():
+        path.write_text("1")
+        print("malloc(): pretend heap corruption detected", flush=True)
+        os.abort()
+    return {"case": {"rank": ctx.rank}}
+
+
 @pytest.fixture(scope="module")
 def pool():
     with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, timeout=60, grace=2.0) as p:
@@ -60,3 +73,10 @@ def test_a_group_that_crashes_every_time_fails_with_the_last_crash(pool, tmp_pat
     assert Path(counter).read_text() == str(attempts)
     assert Evaluations().records(pool, ("other",), crash_first_calls, counter, 0) == [{"case": {"rank": 0}},
                                                                                       {"case": {"rank": 1}}]
+
+
+def test_the_warning_names_the_fatal_error_even_under_a_deep_stack(pool, tmp_path):
+    with pytest.warns(RankCrashWarning, match=r"rank 1 killed by SIGABRT \(exit code -6\): malloc\(\): pretend heap "
+                                              r"corruption detected / Fatal Python error: Aborted$"):
+        per_rank = Evaluations().records(pool, ("deep",), abort_first_call_deep_in_a_stack, str(tmp_path / "calls"))
+    assert per_rank == [{"case": {"rank": 0}}, {"case": {"rank": 1}}]
