@@ -3,13 +3,13 @@
 A group's rank function returns ``{case id: record}`` on every rank (the ranks agreeing on each
 case's outcome, ``_dtensor_mesh``); each test then asserts its own record with a verdict.
 
-A rank that dies during an evaluation is a crash of the backend, not a verdict on any one case, and
-it would fail every test of the group. The pool respawns its ranks and the group is evaluated again,
+A rank that dies during an evaluation, or an evaluation that does not finish within the pool's
+timeout, is a failure of the backend, not a verdict on any one case, and it would fail every test of
+the group. The pool respawns its ranks and the group is evaluated again,
 up to ``EVALUATIONS_AFTER_A_CRASH`` more times: the first evaluation that completes decides, and every
-test of the group warns (``RankCrashWarning``) with each crash, so an intermittent crash is reported,
-never hidden. When every evaluation crashes, every test of the group fails with the last crash.
-(torch 2.13's DTensor argmax/argmin sometimes crashes its rank under ``torch.set_default_device``:
-docs/known-bugs.md.)
+test of the group warns (``RankCrashWarning``) with each crash or timeout, so an intermittent one is
+reported, never hidden. When every evaluation fails so, every test of the group fails with the last.
+(Over gloo, torch 2.13's DTensor argmax/argmin sometimes corrupts its rank's heap: docs/known-bugs.md #18.)
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from conformance.checks import ConformanceFailure
-from conformance.ranks import RankCrashed
+from conformance.ranks import RankCrashed, RankTimeout
 
 
 class RankCrashWarning(UserWarning):
-    """A group of cases was evaluated again because a rank died during its first evaluation."""
+    """A group of cases was evaluated again because a rank died, or the evaluation timed out, the first time."""
 
 
 EVALUATIONS_AFTER_A_CRASH = 2
@@ -53,8 +53,8 @@ def _evaluate(ranks, fn: Callable, args: tuple) -> _Outcome:
     while True:
         try:
             return _Outcome(ranks.run(fn, *args), None, tuple(crashes))
-        except RankCrashed as exc:
-            crashes.append(_crash_summary(exc))
+        except (RankCrashed, RankTimeout) as exc:
+            crashes.append(_crash_summary(exc) if isinstance(exc, RankCrashed) else str(exc).splitlines()[0])
             if len(crashes) > EVALUATIONS_AFTER_A_CRASH:
                 return _Outcome(None, exc, tuple(crashes))
         except AssertionError as exc:  # RankError: the whole evaluation failed; every case says so
@@ -74,9 +74,9 @@ class Evaluations:
             self._outcomes[key] = _evaluate(ranks, fn, args)
         outcome = self._outcomes[key]
         if outcome.crashes:
-            what = "crashed every time" if outcome.error is not None else "was evaluated again on fresh ranks"
+            what = "crashed or timed out every time" if outcome.error is not None else "was evaluated again on fresh ranks"
             warnings.warn(RankCrashWarning(f"{getattr(fn, '__name__', fn)} {what} after {len(outcome.crashes)} "
-                                           f"crash(es): " + " | ".join(outcome.crashes)), stacklevel=2)
+                                           f"crash(es) or timeout(s): " + " | ".join(outcome.crashes)), stacklevel=2)
         if outcome.error is not None:
             raise outcome.error
         return outcome.per_rank

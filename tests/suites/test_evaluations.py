@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,15 @@ def crash_first_calls(ctx, counter: str, crashes: int) -> dict:
         path.write_text(str(calls + 1))
         if calls < crashes:
             os.kill(os.getpid(), signal.SIGSEGV)
+    return {"case": {"rank": ctx.rank}}
+
+
+def hang_first_call(ctx, counter: str) -> dict:
+    """Rank 1 never answers the first call (as a rank spinning on a corrupted heap would)."""
+    path = Path(counter)
+    if ctx.rank == 1 and not path.exists():
+        path.write_text("1")
+        time.sleep(3600)
     return {"case": {"rank": ctx.rank}}
 
 
@@ -52,7 +62,7 @@ def test_a_crash_is_evaluated_again_and_every_test_of_the_group_warns(pool, tmp_
     evaluations, counter = Evaluations(), str(tmp_path / "calls")
     for _ in range(2):  # two tests of the group: both warn, the group is evaluated once more only
         with pytest.warns(RankCrashWarning, match=r"crash_first_calls was evaluated again on fresh ranks after 1 "
-                                                  r"crash\(es\): cpu pool \(2 ranks, gloo\): rank 1 died during "
+                                                  r"crash\(es\) or timeout\(s\): cpu pool \(2 ranks, gloo\): rank 1 died during "
                                                   r"crash_first_calls; rank 1 killed by SIGSEGV \(exit code -11\): "
                                                   r"Fatal Python error: Segmentation fault"):
             per_rank = evaluations.records(pool, ("group",), crash_first_calls, counter, 1)
@@ -63,7 +73,8 @@ def test_a_crash_is_evaluated_again_and_every_test_of_the_group_warns(pool, tmp_
 def test_a_group_that_crashes_every_time_fails_with_the_last_crash(pool, tmp_path):
     evaluations, counter = Evaluations(), str(tmp_path / "calls")
     attempts = _evaluations.EVALUATIONS_AFTER_A_CRASH + 1
-    with pytest.warns(RankCrashWarning, match=rf"crash_first_calls crashed every time after {attempts} crash\(es\)"):
+    with pytest.warns(RankCrashWarning, match=rf"crash_first_calls crashed or timed out every time after {attempts} "
+                                              r"crash\(es\) or timeout\(s\)"):
         with pytest.raises(RankCrashed, match=r"rank 1 died during crash_first_calls"):
             evaluations.records(pool, ("group",), crash_first_calls, counter, attempts)
     assert Path(counter).read_text() == str(attempts)
@@ -79,4 +90,13 @@ def test_the_warning_names_the_fatal_error_even_under_a_deep_stack(pool, tmp_pat
     with pytest.warns(RankCrashWarning, match=r"rank 1 killed by SIGABRT \(exit code -6\): malloc\(\): pretend heap "
                                               r"corruption detected / Fatal Python error: Aborted$"):
         per_rank = Evaluations().records(pool, ("deep",), abort_first_call_deep_in_a_stack, str(tmp_path / "calls"))
+    assert per_rank == [{"case": {"rank": 0}}, {"case": {"rank": 1}}]
+
+
+def test_a_timed_out_evaluation_is_evaluated_again_with_a_warning(tmp_path):
+    with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, timeout=3, grace=1.0) as quick:
+        with pytest.warns(RankCrashWarning, match=r"hang_first_call was evaluated again on fresh ranks after 1 "
+                                                  r"crash\(es\) or timeout\(s\): cpu pool \(2 ranks, gloo\): hang_first_call timed out "
+                                                  r"after 3 s; no answer from rank 1"):
+            per_rank = Evaluations().records(quick, ("hang",), hang_first_call, str(tmp_path / "calls"))
     assert per_rank == [{"case": {"rank": 0}}, {"case": {"rank": 1}}]
