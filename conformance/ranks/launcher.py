@@ -187,7 +187,7 @@ class LauncherPool(RankPool):
                         proc.popen.wait(timeout=10)
                     except Exception:  # noqa: BLE001 - described below either way
                         pass
-                    mine = (protocol.RANK_GONE, {"message": f"{proc.exit_description()} on {self.world.node}",
+                    mine = (protocol.RANK_GONE, {"message": proc.death_description(f" on {self.world.node}"),
                                                  "traceback": f"last output of rank {me}:\n{proc.output_tail()}"})
                     break
                 if name in wanted and not self._late(me, name, body, wanted, call):

@@ -248,6 +248,14 @@ class RankPool:
         if not errors and not missing:
             return [replies[r][1]["value"] for r in range(self.world_size)]
         gone = [e.rank for e in errors if replies[e.rank][0] is protocol.RANK_GONE]
+        # A rank that logged a fatal error but has not exited (stuck on its way out, e.g. on a corrupted
+        # heap) is gone as well: its call will never answer, and it is a crash, not a hang of the call.
+        # (Only a rank process of this pool can be read: a launcher's pool holds just its own.)
+        for proc in [p for p in self.ranks if p.rank in missing]:
+            if (fatal := proc.fatal_error()) is not None:
+                errors.append(RemoteError(proc.rank, "RankGone", f"stopped answering after {fatal}",
+                                          f"last output of rank {proc.rank}:\n{proc.output_tail()}"))
+                gone.append(proc.rank)
         if gone:
             self._teardown(f"rank {gone[0]} died during {what}")
             raise RankCrashed(f"{self._label()}: rank {_listed(gone)} died during {what}", errors)
@@ -283,7 +291,7 @@ class RankPool:
             return RemoteError(rank, "RankGone", body["message"], body["traceback"])
         if name is protocol.RANK_GONE:
             proc = self.ranks[rank]
-            return RemoteError(rank, "RankGone", proc.exit_description(),
+            return RemoteError(rank, "RankGone", proc.death_description(),
                                f"last output of rank {rank}:\n{proc.output_tail()}")
         if name == protocol.INIT_FAILED:
             return RemoteError(rank, "InitFailed", "rank failed to start", body["traceback"])

@@ -65,20 +65,33 @@ class RankProcess:
             return f"killed by {name} (exit code {code})"
         return f"exited with code {code}"
 
+    def fatal_error(self) -> str | None:
+        """The fatal error's own words from the rank's log, or None: faulthandler's ``Fatal Python error:
+        ...`` line and, after an abort, the line before it (glibc's ``malloc(): ...`` on heap corruption,
+        or a C++ ``terminate called ...``)."""
+        lines = self._log_lines()
+        fatal = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(FATAL_ERROR)), None)
+        if fatal is None:
+            return None
+        words = [lines[fatal].strip()]
+        if words[0].endswith("Aborted") and fatal > 0 and lines[fatal - 1].strip():
+            words.insert(0, lines[fatal - 1].strip())
+        return " / ".join(words)
+
+    def death_description(self, where: str = "") -> str:
+        """How the rank ended (``exit_description``), with its fatal error when it logged one.
+        ``where``: e.g. " on node-1"."""
+        fatal = self.fatal_error()
+        return self.exit_description() + where + (f": {fatal}" if fatal else "")
+
     def output_tail(self, lines: int = 20) -> str:
-        """The log's last ``lines`` lines. A rank killed by a signal ends its log with faulthandler's
-        stacks, which can fill them: the fatal error's own lines (the line before faulthandler's, e.g.
-        glibc's ``malloc(): ...`` on SIGABRT, and ``Fatal Python error: ...``) then lead the tail."""
+        return "\n".join(self._log_lines()[-lines:])
+
+    def _log_lines(self) -> list[str]:
         try:
-            text = self.log_path.read_text(errors="replace")
+            return self.log_path.read_text(errors="replace").splitlines()
         except OSError:
-            return ""
-        all_lines = text.splitlines()
-        tail = all_lines[-lines:]
-        fatal = next((i for i in range(len(all_lines) - 1, -1, -1) if all_lines[i].startswith(FATAL_ERROR)), None)
-        if fatal is not None and fatal < len(all_lines) - lines:
-            tail = [line for line in all_lines[max(0, fatal - 1):fatal + 1] if line.strip()] + ["..."] + tail
-        return "\n".join(tail)
+            return []
 
     def kill(self) -> None:
         if self.alive():

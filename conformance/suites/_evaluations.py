@@ -37,15 +37,10 @@ class _Outcome:
 
 
 def _crash_summary(exc: RankCrashed) -> str:
-    """The summary and each dead rank's exit and first line of output (e.g. glibc's heap-corruption message)."""
-    parts = [exc.summary]
-    for error in exc.errors:
-        if error.exc_type == "RankGone":
-            output = [line.strip() for line in error.traceback.splitlines()[1:] if line.strip()]
-            # The tail leads with the fatal error's lines, then "...", when faulthandler's stacks fill it.
-            first = " / ".join(output[:output.index("...")]) if "..." in output else (output[0] if output else "")
-            parts.append(f"rank {error.rank} {error.message}" + (f": {first[:300]}" if first else ""))
-    return "; ".join(parts)
+    """The summary and how each dead rank ended (its signal, and the fatal error's words, e.g. glibc's
+    heap-corruption message)."""
+    return "; ".join([exc.summary] + [f"rank {error.rank} {error.message}" for error in exc.errors
+                                      if error.exc_type == "RankGone"])
 
 
 def _evaluate(ranks, fn: Callable, args: tuple) -> _Outcome:
@@ -77,8 +72,8 @@ class Evaluations:
             what = "crashed or timed out every time" if outcome.error is not None else "was evaluated again on fresh ranks"
             warnings.warn(RankCrashWarning(f"{getattr(fn, '__name__', fn)} {what} after {len(outcome.crashes)} "
                                            f"crash(es) or timeout(s): " + " | ".join(outcome.crashes)), stacklevel=2)
-        if outcome.error is not None:
-            raise outcome.error
+        if outcome.error is not None:  # one error for every test of the group: drop the last test's frames
+            raise outcome.error.with_traceback(None)
         return outcome.per_rank
 
 

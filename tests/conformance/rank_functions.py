@@ -58,6 +58,14 @@ def abort_deep_in_a_stack(ctx, rank, depth=40):
     time.sleep(60)
 
 
+def fatal_then_hang(ctx):
+    """Rank 1 logs a fatal error and never exits (a rank stuck on its way out); rank 0 raises."""
+    if ctx.rank == 1:
+        print("Fatal Python error: Segmentation fault", flush=True)
+        time.sleep(3600)
+    raise RuntimeError("peer lost")
+
+
 def sleep_forever(ctx):
     time.sleep(3600)
 

@@ -125,12 +125,24 @@ def test_crash_report_includes_the_rank_output(pool):
     assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
 
 
-def test_crash_report_leads_with_the_fatal_error_when_the_stack_fills_the_tail(pool):
+def test_a_crashed_rank_is_described_by_its_fatal_error_even_under_a_deep_stack(pool):
     with pytest.raises(RankCrashed) as info:
         pool.run(fns.abort_deep_in_a_stack, 1)
-    lines = info.value.errors[0].traceback.splitlines()
-    assert lines[1:4] == ["malloc(): pretend heap corruption detected", "Fatal Python error: Aborted", "..."]
-    assert "killed by SIGABRT" in str(info.value) and "abort_deep_in_a_stack" in "\n".join(lines[4:])
+    (error,) = info.value.errors
+    assert error.message == ("killed by SIGABRT (exit code -6): malloc(): pretend heap corruption detected / "
+                             "Fatal Python error: Aborted")
+    assert "abort_deep_in_a_stack" in error.traceback  # the tail still shows the stack
+
+
+def test_a_rank_stuck_after_a_fatal_error_is_a_crash_not_a_hang(pool):
+    old = pool.pids()
+    with pytest.raises(RankCrashed) as info:
+        pool.run(fns.fatal_then_hang)
+    assert "rank 1 died during fatal_then_hang" in info.value.summary
+    gone = [e for e in info.value.errors if e.exc_type == "RankGone"]
+    assert [(e.rank, e.message) for e in gone] == [(1, "stopped answering after Fatal Python error: Segmentation fault")]
+    assert _wait_gone(old) == []
+    assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
 
 
 def test_only_module_level_functions(pool):
