@@ -335,7 +335,8 @@ def _random_case(ctx, spec: str, mesh, dropout) -> dict[str, Any]:
 
 def evaluate_random(ctx, dropper: str = "dtensor") -> dict[str, dict]:
     """Rank function: dropout (p=0.5) on a Replicate and a Shard(0) DTensor of ones, each rank's mask
-    gathered. ``dropper``: ``"dtensor"`` (torch's dropout) or ``"package.module:ATTRIBUTE"``, ``(dtensor) -> dtensor``."""
+    gathered. ``dropper``: ``"dtensor"`` (torch's dropout) or ``"package.module:ATTRIBUTE"``,
+    ``(dtensor) -> dtensor``."""
     dropout = resolve_injected(dropper, default_dropout, "dropout")
     return run_cases(ctx, (ctx.world_size,), [(s, lambda m, s=s: _random_case(ctx, s, m, dropout))
                                               for s in RANDOM_CASES])

@@ -69,7 +69,8 @@ class Evaluations:
             self._outcomes[key] = _evaluate(ranks, fn, args)
         outcome = self._outcomes[key]
         if outcome.crashes:
-            what = "crashed or timed out every time" if outcome.error is not None else "was evaluated again on fresh ranks"
+            what = ("crashed or timed out every time" if outcome.error is not None
+                    else "was evaluated again on fresh ranks")
             warnings.warn(RankCrashWarning(f"{getattr(fn, '__name__', fn)} {what} after {len(outcome.crashes)} "
                                            f"crash(es) or timeout(s): " + " | ".join(outcome.crashes)), stacklevel=2)
         if outcome.error is not None:  # one error for every test of the group: drop the last test's frames

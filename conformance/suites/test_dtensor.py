@@ -67,7 +67,8 @@ def test_dropout_mask(ranks, spec):
 
 def check_compiled(ranks, compiler: str = "dtensor") -> None:
     per_rank = _EVALUATIONS.records(ranks, ("compiled", compiler), cases.evaluate_compiled, compiler)
-    assert_verdicts(per_rank, "matmul-relu-sum", cases.compiled_verdict, f"DTensor under torch.compile on {ranks.device}")
+    assert_verdicts(per_rank, "matmul-relu-sum", cases.compiled_verdict,
+                    f"DTensor under torch.compile on {ranks.device}")
 
 
 @requires("compile")

@@ -140,7 +140,8 @@ def test_a_rank_stuck_after_a_fatal_error_is_a_crash_not_a_hang(pool):
         pool.run(fns.fatal_then_hang)
     assert "rank 1 died during fatal_then_hang" in info.value.summary
     gone = [e for e in info.value.errors if e.exc_type == "RankGone"]
-    assert [(e.rank, e.message) for e in gone] == [(1, "stopped answering after Fatal Python error: Segmentation fault")]
+    assert [(e.rank, e.message) for e in gone] == [
+        (1, "stopped answering after Fatal Python error: Segmentation fault")]
     assert _wait_gone(old) == []
     assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
 

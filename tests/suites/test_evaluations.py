@@ -62,7 +62,8 @@ def test_a_crash_is_evaluated_again_and_every_test_of_the_group_warns(pool, tmp_
     evaluations, counter = Evaluations(), str(tmp_path / "calls")
     for _ in range(2):  # two tests of the group: both warn, the group is evaluated once more only
         with pytest.warns(RankCrashWarning, match=r"crash_first_calls was evaluated again on fresh ranks after 1 "
-                                                  r"crash\(es\) or timeout\(s\): cpu pool \(2 ranks, gloo\): rank 1 died during "
+                                                  r"crash\(es\) or timeout\(s\): cpu pool \(2 ranks, gloo\): "
+                                                  r"rank 1 died during "
                                                   r"crash_first_calls; rank 1 killed by SIGSEGV \(exit code -11\): "
                                                   r"Fatal Python error: Segmentation fault"):
             per_rank = evaluations.records(pool, ("group",), crash_first_calls, counter, 1)
@@ -96,7 +97,8 @@ def test_the_warning_names_the_fatal_error_even_under_a_deep_stack(pool, tmp_pat
 def test_a_timed_out_evaluation_is_evaluated_again_with_a_warning(tmp_path):
     with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, timeout=3, grace=1.0) as quick:
         with pytest.warns(RankCrashWarning, match=r"hang_first_call was evaluated again on fresh ranks after 1 "
-                                                  r"crash\(es\) or timeout\(s\): cpu pool \(2 ranks, gloo\): hang_first_call timed out "
+                                                  r"crash\(es\) or timeout\(s\): cpu pool \(2 ranks, gloo\): "
+                                                  r"hang_first_call timed out "
                                                   r"after 3 s; no answer from rank 1"):
             per_rank = Evaluations().records(quick, ("hang",), hang_first_call, str(tmp_path / "calls"))
     assert per_rank == [{"case": {"rank": 0}}, {"case": {"rank": 1}}]
