@@ -219,7 +219,7 @@ class ResultsOperations:
     @guarded
     def flaky_tests(self, when: dt.datetime, *, test_id: str | None = None, backend: str | None = None,
                     limit: int = 200) -> list[per_test_results.FlakyEvidence]:
-        with self._transaction() as session:
+        with self._reading() as session:
             return per_test_results.flaky(session, when, test_id=test_id, backend=backend, limit=limit)
 
     @guarded
@@ -277,7 +277,7 @@ class ResultsOperations:
                         skip: Sequence[int] = ()) -> list[reported_states.PendingReport]:
         """Runs whose state, PR labels or (at an open PR's head) backend level changed after what was
         last decided for ``target``."""
-        with self._transaction() as session:
+        with self._reading() as session:
             return reported_states.pending(session, target, since=since, limit=limit, skip=tuple(skip))
 
     # --- quarantine -----------------------------------------------------------------------------
@@ -312,14 +312,14 @@ class ResultsOperations:
 
     @guarded
     def oidc_identity(self, backend: str) -> tuple[int, int] | None:
-        with self._transaction() as session:
+        with self._reading() as session:
             return oidc_identities.get(session, backend)
 
     # --- re-runs --------------------------------------------------------------------------------
     @guarded
     def unhandled_rerun_requests(self, limit: int = 50) -> list[DeliveryView]:
         """Stored re-run requests not handled yet, oldest first; quarantined ones are left out."""
-        with self._transaction() as session:
+        with self._reading() as session:
             skip = [s.removeprefix("delivery ") for s in quarantine.keys(session, rerun_requests.RERUNS)]
             return rerun_requests.unhandled(session, limit, skip)
 
