@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ class ResultsSide:
     reporting: ReportingWorker | None
     sweeper: Sweeper | None
     reruns: RerunWatcher
+    run_changed: Callable[..., None]  # (run_pk=None) a run row changed: reporting looks now
     level_watch: LevelWatch | None = None
     proposals: Proposer | None = None
 
@@ -65,11 +67,6 @@ class ResultsSide:
         for part in (self.level_watch, self.proposals):
             if part is not None:
                 part.targets = tuple(allowlist)
-
-    def run_changed(self, _run_pk: int | None = None) -> None:
-        """A run row changed: reporting looks now (it reads what changed from the store)."""
-        if self.reporting is not None:
-            self.reporting.wake()
 
 
 def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metrics, dispatcher=None) -> ResultsSide:
@@ -122,5 +119,5 @@ def build(settings, *, backends_dir: Path, allowlist, store, github: Any, metric
     else:
         log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
     side = ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=sweeper, reruns=reruns,
-                       level_watch=level_watch, proposals=proposals)
+                       run_changed=run_changed, level_watch=level_watch, proposals=proposals)
     return side

@@ -188,7 +188,7 @@ class LauncherPool(RankPool):
                     except Exception:  # noqa: BLE001 - described below either way
                         pass
                     mine = (protocol.RANK_GONE, {"message": proc.death_description(f" on {self.world.node}"),
-                                                 "traceback": f"last output of rank {me}:\n{proc.output_tail()}"})
+                                                 "traceback": proc.last_output()})
                     break
                 if name in wanted and not self._late(me, name, body, wanted, call):
                     mine = (name, body)

@@ -253,8 +253,7 @@ class RankPool:
         # (Only a rank process of this pool can be read: a launcher's pool holds just its own.)
         for proc in [p for p in self.ranks if p.rank in missing]:
             if (fatal := proc.fatal_error()) is not None:
-                errors.append(RemoteError(proc.rank, "RankGone", f"stopped answering after {fatal}",
-                                          f"last output of rank {proc.rank}:\n{proc.output_tail()}"))
+                errors.append(RemoteError(proc.rank, "RankGone", f"stopped answering after {fatal}", proc.last_output()))
                 gone.append(proc.rank)
         if gone:
             self._teardown(f"rank {gone[0]} died during {what}")
@@ -291,8 +290,7 @@ class RankPool:
             return RemoteError(rank, "RankGone", body["message"], body["traceback"])
         if name is protocol.RANK_GONE:
             proc = self.ranks[rank]
-            return RemoteError(rank, "RankGone", proc.death_description(),
-                               f"last output of rank {rank}:\n{proc.output_tail()}")
+            return RemoteError(rank, "RankGone", proc.death_description(), proc.last_output())
         if name == protocol.INIT_FAILED:
             return RemoteError(rank, "InitFailed", "rank failed to start", body["traceback"])
         return RemoteError(rank, body["exc_type"], body["message"], body["traceback"])
@@ -326,7 +324,6 @@ class RankPool:
                     deadline = min(deadline, time.monotonic() + grace)
                     grace = None
         return replies
-
 
     def _late(self, rank: int, name, body: dict, wanted: set[str], call: int | None) -> bool:
         """Whether a reply answers an earlier call than ``call`` (and is to be dropped, with an event)."""

@@ -87,6 +87,10 @@ class RankProcess:
     def output_tail(self, lines: int = 20) -> str:
         return "\n".join(self._log_lines()[-lines:])
 
+    def last_output(self) -> str:
+        """The tail of the log, headed for a crash report."""
+        return f"last output of rank {self.rank}:\n{self.output_tail()}"
+
     def _log_lines(self) -> list[str]:
         try:
             return self.log_path.read_text(errors="replace").splitlines()

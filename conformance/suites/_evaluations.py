@@ -36,7 +36,7 @@ class _Outcome:
     crashes: tuple[str, ...]
 
 
-def _crash_summary(exc: RankCrashed) -> str:
+def _failure_summary(exc: RankCrashed | RankTimeout) -> str:
     """The summary and how each dead rank ended (its signal, and the fatal error's words, e.g. glibc's
     heap-corruption message)."""
     return "; ".join([exc.summary] + [f"rank {error.rank} {error.message}" for error in exc.errors
@@ -49,7 +49,7 @@ def _evaluate(ranks, fn: Callable, args: tuple) -> _Outcome:
         try:
             return _Outcome(ranks.run(fn, *args), None, tuple(crashes))
         except (RankCrashed, RankTimeout) as exc:
-            crashes.append(_crash_summary(exc) if isinstance(exc, RankCrashed) else str(exc).splitlines()[0])
+            crashes.append(_failure_summary(exc))
             if len(crashes) > EVALUATIONS_AFTER_A_CRASH:
                 return _Outcome(None, exc, tuple(crashes))
         except AssertionError as exc:  # RankError: the whole evaluation failed; every case says so

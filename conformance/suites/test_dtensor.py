@@ -21,9 +21,10 @@ _EVALUATIONS = Evaluations()
 
 
 def check_redistribute(ranks, case: cases.Redistribution, mesh: str = "1d", redistributor: str = "dtensor") -> None:
-    per_rank = _EVALUATIONS.records(ranks, ("redistribute", mesh, redistributor), cases.evaluate_redistribute, mesh, redistributor)
+    per_rank = _EVALUATIONS.records(ranks, ("redistribute", mesh, redistributor), cases.evaluate_redistribute,
+                                    mesh, redistributor)
     assert_verdicts(per_rank, case.id, lambda r: cases.redistribute_verdict(case, r),
-            f"DTensor over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) is wrong")
+                    f"DTensor over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) is wrong")
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in cases.redistributions("1d")])
@@ -40,7 +41,7 @@ def test_redistribute_2d_mesh(ranks, case):
 def check_op(ranks, op, specs, expected, mesh: str = "1d", applier: str = "dtensor") -> None:
     per_rank = _EVALUATIONS.records(ranks, ("ops", mesh, applier), cases.evaluate_ops, mesh, applier)
     assert_verdicts(per_rank, cases.op_case_id(op, specs), lambda r: cases.op_verdict(op, specs, expected, r),
-            f"DTensor {op} over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) differs from eager")
+                    f"DTensor {op} over {ranks.backend} ({ranks.world_size} ranks, {mesh} mesh) differs from eager")
 
 
 @pytest.mark.parametrize("op, specs, expected", [pytest.param(*c, id=cases.op_case_id(*c[:2])) for c in cases.OPS_1D])

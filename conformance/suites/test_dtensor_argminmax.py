@@ -10,8 +10,8 @@ gathered result equals eager's, or when both raise.
 
 Test ids read ``test_argmax[Shard(1)-dim=None-ties_across_shards-float32]`` (``dim=0,keepdim`` with
 keepdim). The cases of one placement on a mesh are evaluated by one ranks.run (``_evaluations``: cached in
-this process, evaluated again once if a rank dies), each id then asserts its own record, so a few
-thousand cases cost seconds. ``test_compiled`` compares torch.compile with eager on bool inputs and on ties.
+this process, evaluated again, at most twice, after a rank crash or a timeout), each id then asserts its own
+record, so a few thousand cases cost seconds. ``test_compiled`` compares torch.compile with eager on bool inputs and on ties.
 """
 
 from __future__ import annotations

@@ -136,6 +136,21 @@ def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
         connection.execute(insert(Dispatch), list(rows))
 
 
+# The states a claim looks for, as conditions each lookup can use with its index.
+def _queued_due(now: dt.datetime) -> tuple:
+    return Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at <= now
+
+
+def _lease_ended(now: dt.datetime) -> tuple:
+    """A claim whose process died (or overran its lease): the row is due again."""
+    return Dispatch.state == DispatchState.sending, Dispatch.claimed_until < now
+
+
+def _in_flight(now: dt.datetime) -> tuple:
+    """A live claim: a call in flight in some process."""
+    return Dispatch.state == DispatchState.sending, Dispatch.claimed_until >= now
+
+
 def claim(
     session: Session, *, now: dt.datetime, claimer: str, lease_until: dt.datetime, limit: int,
     exclude_backends: Collection[str], max_claims: int | None = None,
@@ -192,19 +207,15 @@ def _oldest_due_per_backend(
         select(select(func.min(Dispatch.backend)).where(Dispatch.state == queued, Dispatch.backend > lanes.c.backend)
                .scalar_subquery()).where(lanes.c.backend.is_not(None))
     )
-    oldest = (select(Dispatch.id).where(Dispatch.state == queued, Dispatch.backend == lanes.c.backend,
-                                        Dispatch.next_attempt_at <= now)
+    oldest = (select(Dispatch.id).where(*_queued_due(now), Dispatch.backend == lanes.c.backend)
               .order_by(Dispatch.id).limit(1).scalar_subquery())
     found: dict[str, int] = {}
     for backend, dispatch_id in session.execute(select(lanes.c.backend, oldest).where(lanes.c.backend.is_not(None))):
         if dispatch_id is not None:
             found[backend] = dispatch_id
-    for dispatch_id, backend in session.execute(
-        select(Dispatch.id, Dispatch.backend).where(Dispatch.state == DispatchState.sending, Dispatch.claimed_until < now)
-    ):
+    for dispatch_id, backend in session.execute(select(Dispatch.id, Dispatch.backend).where(*_lease_ended(now))):
         found[backend] = min(found.get(backend, dispatch_id), dispatch_id)
-    skipped = set(exclude_backends) | set(session.scalars(select(Dispatch.backend).where(
-        Dispatch.state == DispatchState.sending, Dispatch.claimed_until >= now)))  # a call in flight
+    skipped = set(exclude_backends) | set(session.scalars(select(Dispatch.backend).where(*_in_flight(now))))
     candidates = sorted((i, b) for b, i in found.items() if b not in skipped)[:limit]
     return {backend: dispatch_id for dispatch_id, backend in candidates}
 
@@ -217,14 +228,11 @@ def _lock_backends(session: Session, chosen_ids: dict[str, int], now: dt.datetim
         got = session.scalar(select(func.pg_try_advisory_xact_lock(_BACKEND_LOCK_SPACE, func.hashtext(backend))))
         if not got:
             continue
-        live = select(Dispatch.id).where(Dispatch.state == DispatchState.sending, Dispatch.backend == backend,
-                                         Dispatch.claimed_until >= now).limit(1)
-        if session.scalar(live) is not None:
+        if session.scalar(select(Dispatch.id).where(*_in_flight(now), Dispatch.backend == backend).limit(1)) is not None:
             continue
         firsts = [session.scalar(select(Dispatch.id).where(Dispatch.backend == backend, *due)
                                  .order_by(Dispatch.id).limit(1).with_for_update())
-                  for due in ((Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at <= now),
-                              (Dispatch.state == DispatchState.sending, Dispatch.claimed_until < now))]
+                  for due in (_queued_due(now), _lease_ended(now))]
         oldest = min((f for f in firsts if f is not None), default=None)
         if oldest is not None:
             locked[backend] = oldest
