@@ -150,6 +150,13 @@ class ConformanceSession:
                 self.extra_events.append(f"rank {rank} did not report its results within {timeout:g} s")
         return merge_rank_results(per_rank)
 
+    @property
+    def torch_version(self) -> str:
+        """The running torch's version, which known failures' ``torch`` bounds are evaluated against."""
+        import torch
+
+        return torch.__version__
+
     # -- header and report ------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
         import torch
@@ -169,6 +176,11 @@ class ConformanceSession:
                      + (" (?: not needed by the selected tests, not probed)" if len(probed) < len(CAPABILITIES) else ""))
         for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
+        bounded = [kf for kf in d.known_failures if kf.torch is not None]
+        if bounded:
+            outside = sum(not kf.applies_to_torch(self.torch_version) for kf in bounded)
+            lines.append(f"conformance: known failures: {len(d.known_failures) - outside} of {len(d.known_failures)} "
+                         f"entries apply to torch {self.torch_version} ({outside} bounded to other versions)")
         return lines
 
     def build_report(self, tests: list[TestResult], extra_events: list[str] = ()) -> ConformanceReport:
@@ -190,7 +202,7 @@ class ConformanceSession:
         )
 
 
-_SEVERITY = ("error", "failed", "xpassed", "passed", "xfailed", "skipped")
+_SEVERITY = ("error", "failed", "xpassed", "unexpected_pass", "passed", "xfailed", "skipped")
 
 
 def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
@@ -205,6 +217,7 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
         worst = min(entries, key=lambda e: (_SEVERITY.index(e[2].outcome), e[0]))[2]
         merged.append(TestResult(
             nodeid=nodeid, suite=worst.suite, outcome=worst.outcome, message=worst.message,
+            known_failure=worst.known_failure,
             duration=max(e[2].duration for e in entries),
             ranks=[RankOutcome(rank=r, node=node, outcome=t.outcome, message=t.message if t.outcome != "passed" else "")
                    for r, node, t in entries]))

@@ -39,7 +39,7 @@ def test_good_report_validates_and_counts_per_suite():
 @pytest.mark.parametrize("mutate, expected", [
     (lambda r: r.pop("backend"), "report invalid at <root>: 'backend' is a required property"),
     (lambda r: r["tests"][0].update(outcome="exploded"), "report invalid at tests/0/outcome: 'exploded' is not one of"),
-    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '1.0' was expected"),
+    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '2.0' is not one of ['1.0', '1.1']"),
     (lambda r: r["summary"].update(passed="many"), "report invalid at summary/passed: 'many' is not of type 'integer'"),
     (lambda r: r["tests"][0].update(duration=-1), "report invalid at tests/0/duration: -1 is less than the minimum of 0"),
     (lambda r: r.update(extra=1), "Additional properties are not allowed ('extra' was unexpected)"),
