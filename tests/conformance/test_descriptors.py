@@ -12,7 +12,8 @@ import yaml
 from conformance.capabilities import probe_capabilities
 from conformance.descriptors import (CAPABILITIES, DescriptorError, load_descriptor, load_descriptors,
                                      packaged_backends_dir, torch_in_bound)
-from conformance.detect import detect_backend, resolve_backend
+from conformance.detect import (absent_accelerator_note, build_accelerator, detect_backend, local_accelerator,
+                                resolve_backend)
 
 BACKENDS = packaged_backends_dir()
 VALID = {
@@ -166,6 +167,29 @@ def test_a_known_failure_bounded_by_torch_version_applies_only_within_its_bound(
 def test_detection_on_this_cpu_machine_picks_cpu():
     assert detect_backend(load_descriptors()).name == "cpu"
     assert resolve_backend("auto", load_descriptors()).name == "cpu"
+
+
+@pytest.mark.skipif(build_accelerator() == "none" or local_accelerator() != "none",
+                    reason="needs a torch built for an accelerator on a machine without one (e.g. the default wheel on CPU)")
+def test_an_accelerator_build_without_its_devices_runs_cpu_and_says_so():
+    import torch
+
+    from conformance.session import ConformanceSession, RunOptions
+
+    session = ConformanceSession.create(RunOptions())
+    assert session.descriptor.name == "cpu"
+    assert session.header_lines()[1] == (
+        f"conformance: torch {torch.__version__} is a {build_accelerator()} build, but this machine has no "
+        f"{build_accelerator()} device: detection follows the devices present, so it runs cpu over gloo")
+
+
+def test_detection_on_a_cpu_build_says_nothing_about_devices():
+    if build_accelerator() != "none":
+        pytest.skip(f"torch is built for {build_accelerator()}")
+    from conformance.session import ConformanceSession, RunOptions
+
+    assert ConformanceSession.create(RunOptions()).detection_note is None
+    assert absent_accelerator_note() is None
 
 
 def test_unknown_backend_and_missing_setup_module(tmp_path):
