@@ -5,7 +5,8 @@ extra (``pip install torch==V -e .[runner]``), then runs ``conformance run`` wit
 detection picks what the machine has (CPU over gloo for the default CUDA wheel on a machine with no GPU)
 and the descriptors' torch bounds are evaluated against that torch. Prints one table: torch, passed,
 failed (and errors), unexpected passes, known failures applied (tests a descriptor entry covered:
-xfailed, skipped or unexpectedly passed), wall time; then each unexpected pass's entry, to bound or remove.
+xfailed, skipped or unexpectedly passed), wall time; then each unexpected pass's entry, to bound or remove,
+and the JSON line of every benchmark here, whose ``ratio`` is each version's time over the first one's.
 
     python bench/torch_versions.py [VERSION ...] [--python VERSION=PATH ...] [--keep DIR] [-- conformance run args]
 
@@ -101,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"- {line}" for line in notes))
     for failure in failures:
         print(failure, file=sys.stderr)
+    figures = {row[0]: dict(zip(COLUMNS[1:], row[1:])) for row in rows}
+    seconds = [float(row[-1]) for row in rows]
+    print(json.dumps({"name": "torch_versions", "figures": figures,
+                      "ratio": {row[0]: round(t / seconds[0], 2) if seconds[0] else None
+                                for row, t in zip(rows, seconds)}}))
     return 1 if failures or any(row[1] != "0" for row in rows) else 0
 
 
