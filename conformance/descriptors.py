@@ -78,8 +78,8 @@ class _Strict(BaseModel):
 class Detect(_Strict):
     """How to recognise the backend on the local machine.
 
-    ``accelerator`` is the type of ``torch.accelerator.current_accelerator()`` ("none" when there is
-    no accelerator); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
+    ``accelerator`` is the type of ``torch.accelerator.current_accelerator(check_available=True)`` ("none"
+    when no accelerator device is present, whatever torch was built for); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
     set (e.g. ROCm is a ``cuda`` accelerator with ``torch.version.hip`` set).
     """
 
