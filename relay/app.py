@@ -23,12 +23,16 @@ from fastapi import FastAPI
 
 from conformance.descriptors import packaged_backends_dir
 
-from relay import callbacks, dashboard, intake, observability, security_headers, wiring
-from relay.descriptor_reload import DescriptorReload
-from relay.dispatch import Dispatcher
+from relay import dashboard, wiring
+from relay.intake import routes as intake
+from relay.results import receiver as callbacks
+from relay.web import health as observability
+from relay.web import security_headers
+from relay.levels.allowlist_reload import DescriptorReload
+from relay.dispatch.dispatcher import Dispatcher
 from relay.github import DispatchSender, GitHubClient
 from relay.parts import RelayParts
-from relay.request_body import BodyBudget
+from relay.web.request_body import BodyBudget
 from relay.settings import Settings
 from relay.store import Store, StoreUnavailable
 from relay.trust import load_allowlist

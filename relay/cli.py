@@ -45,9 +45,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relay.app import create_app
-    from relay.observability import configure_logging
+    from relay.web.health import configure_logging
     from relay.parts import parts_of
-    from relay.serving import uvicorn_options
+    from relay.web.serving import uvicorn_options
     from relay.store import StoreUnavailable
 
     settings = load_settings()
@@ -70,7 +70,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _levels_arguments(parser: argparse.ArgumentParser) -> None:
-    from relay.level_review import _review_arguments
+    from relay.levels.review import _review_arguments
 
     _review_arguments(parser)
 
@@ -78,7 +78,7 @@ def _levels_arguments(parser: argparse.ArgumentParser) -> None:
 @subcommand("levels", "level review (each backend against its level criteria, promotion/demotion advice) "
                       "and restore (end a backend's level hold)", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
-    from relay.level_review import levels_command
+    from relay.levels.review import levels_command
 
     return levels_command(args)
 

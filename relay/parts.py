@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
 
-    from relay.callbacks import CallbackService
-    from relay.descriptor_reload import DescriptorReload
-    from relay.dispatch import Dispatcher
+    from relay.results.receiver import CallbackService
+    from relay.levels.allowlist_reload import DescriptorReload
+    from relay.dispatch.dispatcher import Dispatcher
     from relay.github import DispatchSender
-    from relay.observability import Metrics
-    from relay.request_body import BodyBudget
+    from relay.web.health import Metrics
+    from relay.web.request_body import BodyBudget
     from relay.settings import Settings
     from relay.store import Store
     from relay.trust import BackendTarget

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.callbacks import CallbackService, RateLimiter, ReportLimits
-from relay.level_review import criteria_from_settings
-from relay.level_watch import LevelWatch
-from relay.oidc import CallerAuth, JwksCache, OidcVerifier
-from relay.proposals import Proposer
-from relay.reporting import CHECK_RUN, STATUS, Reporter, ReportingWorker
-from relay.rerun import RerunWatcher
-from relay.sweeper import Sweeper
+from relay.results.receiver import CallbackService, RateLimiter, ReportLimits
+from relay.levels.review import criteria_from_settings
+from relay.levels.watch import LevelWatch
+from relay.results.oidc import CallerAuth, JwksCache, OidcVerifier
+from relay.levels.proposals import Proposer
+from relay.results.reporter import CHECK_RUN, STATUS, Reporter, ReportingWorker
+from relay.dispatch.reruns import RerunWatcher
+from relay.results.sweeper import Sweeper
 
 __all__ = ["ResultsSide", "build"]
 

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from relay.store import Store
 from relay.store.database import READ_ONLY
-from relay.sweeper import Sweeper
+from relay.results.sweeper import Sweeper
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import SECRET, RelayProcess, pr_payload, push_payload
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401

@@ -142,7 +142,7 @@ def test_rate_limit_per_repository(database_url, results_relay):  # noqa: F811
 def test_expired_nonce(database_url, results_relay):  # noqa: F811
     relay, drive = results_relay(database_url, nonce_ttl_hours=1e-9)
     nonce = drive.nonce("l2", drive.open_pr(17))
-    from relay.sweeper import Sweeper
+    from relay.results.sweeper import Sweeper
 
     counts = Sweeper(relay.store, start_timeout_seconds=3600, run_timeout_seconds=3600,
                      nonce_ttl_seconds=1e-6).sweep_once()

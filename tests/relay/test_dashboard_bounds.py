@@ -9,7 +9,7 @@ import sqlite3
 
 import httpx
 
-from relay.reporting import CHECK_RUN
+from relay.results.reporter import CHECK_RUN
 from relay.store.base import utcnow
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS, report

@@ -203,7 +203,7 @@ def test_per_backend_order_is_kept(relay_factory, database_url, one_backend):
 
 def test_pacing_spreads_calls_per_credential(relay_factory, database_url, one_backend):
     relay = relay_factory(database_url, github_content_requests_per_minute=120)  # bucket of 120, then 2/s
-    from relay.dispatch import CredentialGates
+    from relay.dispatch.dispatcher import CredentialGates
 
     gates = CredentialGates(relay.store, 6)  # a bucket of 6, refilled at one per 10 s
     assert all(gates.take("paced")[0] == 0 for _ in range(6))
@@ -217,7 +217,7 @@ def test_pacing_spreads_calls_per_credential(relay_factory, database_url, one_ba
 
 def test_claims_stop_at_what_the_credential_may_send(database_url, fake_github):
     """Rows beyond the pacing allowance stay queued instead of being claimed and put back."""
-    from relay.dispatch import Dispatcher
+    from relay.dispatch.dispatcher import Dispatcher
     from relay.github import GitHubClient
     from relay.store import Store
     from tests.relay.helpers import new_delivery, new_dispatches

@@ -12,8 +12,8 @@ import time
 import httpx
 import yaml
 
-from relay.descriptor_reload import DescriptorReload
-from relay.reporting import CHECK_RUN
+from relay.levels.allowlist_reload import DescriptorReload
+from relay.results.reporter import CHECK_RUN
 from relay.store.base import utcnow
 from tests.relay.helpers import RelayProcess, pr_payload, write_backend
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401

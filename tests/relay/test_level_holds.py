@@ -35,7 +35,7 @@ import datetime as dt  # noqa: E402
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 
-from relay.level_watch import LevelWatch, WatchFailed  # noqa: E402
+from relay.levels.watch import LevelWatch, WatchFailed  # noqa: E402
 from relay.trust import Comparison, Criterion, LevelCriteria, Measure  # noqa: E402
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: E402,F401
 

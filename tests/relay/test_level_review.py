@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from relay.level_review import criteria_from_settings, recommend, week_stats
+from relay.levels.review import criteria_from_settings, recommend, week_stats
 from relay.trust import LEVEL_CRITERIA, Comparison, Measure, TrustLevel
 from relay.store.runs import RunView
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conformance.descriptors import TrustLevel
-from relay.oidc import AuthError, CallerAuth, JwksCache, OidcVerifier
+from relay.results.oidc import AuthError, CallerAuth, JwksCache, OidcVerifier
 from relay.trust import BackendTarget, load_allowlist
 from relay.testing.oidc_issuer import new_rsa_key
 from tests.relay.results_fixtures import oidc_issuer, results_backends  # noqa: F401 (fixtures)

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from relay.descriptor_edits import DescriptorEditError, remove_quarantine_entry, set_level
+from relay.levels.descriptor_text import DescriptorEditError, remove_quarantine_entry, set_level
 from relay.github import GitHubClient, PermanentError
-from relay.proposals import CLOSED_MARK, Proposer, level_branch, release_branch
+from relay.levels.proposals import CLOSED_MARK, Proposer, level_branch, release_branch
 from relay.store.base import utcnow
 from relay.trust import LEVEL_CRITERIA, QuarantinedTest, TrustLevel, load_allowlist
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401

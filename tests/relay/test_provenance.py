@@ -11,7 +11,7 @@ import datetime as dt
 import httpx
 import pytest
 
-from relay.level_review import week_stats
+from relay.levels.review import week_stats
 from relay.provenance import Provenance, check
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report

@@ -182,7 +182,7 @@ class _ScriptedReporter:
 
 def test_worker_retries_a_failed_run_after_its_wait_without_holding_up_the_others():
     from relay.github import RetryableError
-    from relay.reporting import ReportingWorker
+    from relay.results.reporter import ReportingWorker
 
     reporter = _ScriptedReporter([1, 2, 3], fail={1: RetryableError("502 Bad Gateway")})
     worker = ReportingWorker(reporter, poll_seconds=3600, retry_seconds=0.2)
@@ -199,7 +199,7 @@ def test_worker_retries_a_failed_run_after_its_wait_without_holding_up_the_other
 
 def test_a_rate_limit_rests_every_report_and_wait_idle_says_so():
     from relay.github import RateLimitedError
-    from relay.reporting import ReportingWorker
+    from relay.results.reporter import ReportingWorker
 
     reporter = _ScriptedReporter([5, 6], fail={5: RateLimitedError("rate limited", wait_seconds=30)})
     worker = ReportingWorker(reporter, poll_seconds=0.05)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from relay.rerun import parse_retest
+from relay.dispatch.reruns import parse_retest
 from tests.relay.helpers import PAYLOADS_DIR, UPSTREAM
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS

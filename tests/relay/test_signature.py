@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from relay.intake import signature_matches
+from relay.intake.routes import signature_matches
 from tests.relay.helpers import SECRET, pr_payload, sign
 
 VECTOR_SECRET = b"It's a Secret to Everybody"

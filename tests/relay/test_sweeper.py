@@ -6,7 +6,7 @@ import datetime as dt
 import httpx
 
 from relay.store.base import utcnow
-from relay.sweeper import Sweeper
+from relay.results.sweeper import Sweeper
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 
 HOUR = 3600.0

@@ -351,7 +351,7 @@ def levels_command(args: argparse.Namespace) -> int:
     from conformance.descriptors import packaged_backends_dir
 
     if args.action == "propose":
-        from relay.proposals import propose_command
+        from relay.levels.proposals import propose_command
 
         return propose_command(args)
 

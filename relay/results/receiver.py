@@ -47,10 +47,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from conformance.report import ReportValidationError, validate_report
 
-from relay.json_input import JsonRefused, load_json
-from relay.oidc import AuthError, Caller, CallerAuth
+from relay.web.json_input import JsonRefused, load_json
+from relay.results.oidc import AuthError, Caller, CallerAuth
 from relay.parts import parts_of
-from relay.request_body import BodyRefused, read_capped
+from relay.web.request_body import BodyRefused, read_capped
 from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store import StoreUnavailable
 from relay.store.results_operations import CallbackUpdate

@@ -25,7 +25,7 @@ import datetime as dt
 import logging
 from collections.abc import Mapping, Sequence
 
-from relay.level_review import recommend
+from relay.levels.review import recommend
 from relay.periodic import PeriodicThread, RunsPeriodically
 from relay.store.base import utcnow
 from relay.store.errors import StoreUnavailable

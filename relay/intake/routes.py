@@ -42,9 +42,9 @@ from fastapi.responses import JSONResponse
 from relay import events as events_mod
 from relay import trust
 from relay.events import PayloadError, UpstreamEvent
-from relay.json_input import JsonRefused, load_json
+from relay.web.json_input import JsonRefused, load_json
 from relay.parts import parts_of
-from relay.request_body import BodyRefused, read_capped
+from relay.web.request_body import BodyRefused, read_capped
 from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreRefused, StoreUnavailable
 
 __all__ = ["SIGNATURE_HEADER", "Webhook", "WebhookRejected", "router", "signature_matches", "verified_webhook"]

@@ -39,7 +39,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
 from relay.github import DispatchSender, GitHubCallError, PermanentError, RateLimitedError, RetryableError
-from relay.observability import Metrics
+from relay.web.health import Metrics
 from relay.store import ClaimedDispatch, DispatchState, Store, StoreUnavailable
 from relay.store.base import utcnow
 

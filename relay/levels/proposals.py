@@ -47,11 +47,11 @@ from urllib.parse import quote
 from prometheus_client import CollectorRegistry, Counter
 
 from relay import trust
-from relay.descriptor_edits import DescriptorEditError, remove_quarantine_entry, set_level
+from relay.levels.descriptor_text import DescriptorEditError, remove_quarantine_entry, set_level
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError, RepositoryFile
-from relay.level_review import CriterionResult, recommend
+from relay.levels.review import CriterionResult, recommend
 from relay.periodic import PeriodicThread, RunsPeriodically
-from relay.reporting import md_code
+from relay.results.reporter import md_code
 from relay.store.base import utcnow
 from relay.store.level_holds import LevelHold
 from relay.trust import BackendTarget, QuarantinedTest
@@ -246,7 +246,7 @@ class Proposer(RunsPeriodically):
 
     @classmethod
     def from_settings(cls, settings, store, github: ProposalClient, targets, *, registry=None) -> "Proposer":
-        from relay.level_review import criteria_from_settings
+        from relay.levels.review import criteria_from_settings
 
         return cls(store, github, targets, repository=settings.proposals_repository,
                    criteria=criteria_from_settings(settings), base=settings.proposals_base_branch,
