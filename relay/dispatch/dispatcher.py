@@ -39,7 +39,8 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
 from relay.github import DispatchSender, GitHubCallError, PermanentError, RateLimitedError, RetryableError
-from relay.web.health import Metrics
+from relay.metrics import Metrics
+from relay.periodic import PeriodicThread
 from relay.store import ClaimedDispatch, DispatchState, Store, StoreUnavailable
 from relay.store.base import utcnow
 
@@ -120,13 +121,13 @@ class Dispatcher:
         self.rng = rng or random.Random()
         # Names this process in claimed_by; unique so a restarted process never mistakes old claims for its own.
         self.claimer = claimer or f"{uuid.uuid4().hex[:12]}"
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        self._periodic = PeriodicThread("relay-dispatcher", poll_seconds, self.claim_and_submit, next_wait=self._next_wait)
         self._lock = threading.Lock()
         self._busy: set[str] = set()  # backends with a call in flight
         self._credential_of: dict[str, str] = {}  # backend -> credential, learnt on first send
-        self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._next_claim_at = float("-inf")  # no claim before: 20 ms after an empty one
+        self._wait = 0.0  # after this pass, until the next
         # Called after a dispatch is recorded sent (its run row written in that transaction): reporting.
         self.on_sent: Callable[[], None] | None = None
 
@@ -148,46 +149,40 @@ class Dispatcher:
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="relay-dispatch")
-        self._thread = threading.Thread(target=self._loop, name="relay-dispatcher", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._periodic.stop(timeout)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
     def wake(self) -> None:
         """Look at the outbox now (intake calls this after storing a delivery)."""
-        self._wake.set()
+        self._periodic.wake()
 
-    # --- the loop -------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        next_claim_at = float("-inf")
-        while not self._stopping.is_set():
-            gap = next_claim_at - time.monotonic()
-            if gap > 0:
-                self._stopping.wait(gap)
-            self._wake.clear()
-            started = time.monotonic()
-            try:
-                claimed = self.claim_once()
-            except StoreUnavailable as exc:
-                log.warning("outbox unreachable; retrying", extra={"error": str(exc)})
-                self._wake.wait(self.poll_seconds)
-                continue
-            except Exception:  # keep the loop alive whatever happens; the next poll tries again
-                log.exception("dispatcher loop error")
-                self._wake.wait(self.poll_seconds)
-                continue
-            for row in claimed:
-                self._pool.submit(self._send, row)
-            if claimed:
-                continue  # more may be due for other backends
-            next_claim_at = started + _EMPTY_CLAIM_GAP_SECONDS
-            self._wake.wait(self._idle_wait())
+    # --- one pass -------------------------------------------------------------------------------
+    def claim_and_submit(self) -> None:
+        """Claim what is due and hand each row to a sender; say how long to wait before the next claim."""
+        self._wait = self.poll_seconds  # also after a pass that raised
+        gap = self._next_claim_at - time.monotonic()
+        if gap > 0:
+            self._periodic.pause(gap)
+        started = time.monotonic()
+        try:
+            claimed = self.claim_once()
+        except StoreUnavailable as exc:
+            log.warning("outbox unreachable; retrying", extra={"error": str(exc)})
+            return
+        for row in claimed:
+            self._pool.submit(self._send, row)
+        if claimed:
+            self._wait = 0.0  # more may be due for other backends
+            return
+        self._next_claim_at = started + _EMPTY_CLAIM_GAP_SECONDS
+        self._wait = self._idle_wait()
+
+    def _next_wait(self) -> float:
+        return self._wait
 
     def _idle_wait(self) -> float:
         """After a claim found nothing: sleep until something can change that by itself (a retry or a
@@ -241,7 +236,7 @@ class Dispatcher:
         finally:
             with self._lock:
                 self._busy.discard(row.backend)
-            self._wake.set()
+            self._periodic.wake()
 
     def _finish(self, row: ClaimedDispatch, **outcome) -> bool:
         """Record the outcome; True when it was written (this process still held the claim)."""

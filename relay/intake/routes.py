@@ -34,7 +34,7 @@ import hmac
 import logging
 import re
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -42,14 +42,42 @@ from fastapi.responses import JSONResponse
 from relay import events as events_mod
 from relay import trust
 from relay.events import PayloadError, UpstreamEvent
+from relay.metrics import Metrics
+from relay.settings import Settings
+from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, Store, StoreRefused, StoreUnavailable
+from relay.web.app_parts import app_parts
 from relay.web.json_input import JsonRefused, load_json
-from relay.parts import parts_of
-from relay.web.request_body import BodyRefused, read_capped
-from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, StoreRefused, StoreUnavailable
+from relay.web.request_body import BodyBudget, BodyRefused, read_capped
 
 __all__ = ["SIGNATURE_HEADER", "Webhook", "WebhookRejected", "router", "signature_matches", "verified_webhook"]
 
 log = logging.getLogger("relay.intake")
+
+
+class _Wakes(Protocol):
+    def wake(self) -> None: ...
+
+
+class _Results(Protocol):
+    def run_changed(self, run_pk: int | None = None) -> None: ...
+
+
+class IntakeParts(Protocol):
+    """What intake reads of the app's parts (:class:`relay.parts.RelayParts` has them), per request."""
+
+    settings: Settings
+    secrets: list[bytes]
+    body_budget: BodyBudget
+    allowlist: list[trust.BackendTarget]
+    store: Store
+    metrics: Metrics
+    dispatcher: _Wakes | None
+    results: _Results
+
+
+def parts_of(request: Request) -> IntakeParts:
+    return app_parts(request)
+
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 _SIGNATURE = re.compile(r"sha256=([0-9a-fA-F]{64})")

@@ -1,7 +1,7 @@
 """Proposals: level changes and quarantine releases as pull requests on the descriptor repository.
 
 Triggered every ``RELAY_PROPOSALS_INTERVAL_SECONDS`` by its own thread (started with the app when
-``RELAY_PROPOSALS_REPOSITORY`` is set), or once by ``relay levels propose``. Reads the level review
+``RELAY_PROPOSALS_REPOSITORY`` is set), or once by ``relay levels propose`` (:mod:`relay.levels.commands`). Reads the level review
 (:func:`relay.level_review.recommend` over the store's runs), the quarantine entries of the loaded
 descriptors and their tests' newest results, and the level holds; writes only to GitHub, through
 :mod:`relay.github` (branch, file update, pull request). Nothing happens without a repository.
@@ -33,12 +33,10 @@ descriptor or GitHub call fails is logged and counted, and the others go on; a r
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import datetime as dt
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -51,7 +49,7 @@ from relay.levels.descriptor_text import DescriptorEditError, remove_quarantine_
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError, RepositoryFile
 from relay.levels.review import CriterionResult, recommend
 from relay.periodic import PeriodicThread, RunsPeriodically
-from relay.results.reporter import md_code
+from relay.results.summary import md_code
 from relay.store.base import utcnow
 from relay.store.level_holds import LevelHold
 from relay.trust import BackendTarget, QuarantinedTest
@@ -408,39 +406,3 @@ class Proposer(RunsPeriodically):
         body = f"{CLOSED_MARK}\n**{why}**\n\n{pr.get('body') or ''}"
         self.github.update_pull_request(self.repository, pr["number"], body=body, state="closed")
         return self._outcome(subject, "closed", pr, why)
-
-
-def outcome_json(outcome: ProposalOutcome) -> dict[str, Any]:
-    return dataclasses.asdict(outcome)
-
-
-def propose_command(args: argparse.Namespace) -> int:
-    """``relay levels propose [--json]``: one pass against the configured descriptor repository."""
-    import sys
-
-    from conformance.descriptors import packaged_backends_dir
-
-    from relay.github import GitHubClient
-    from relay.settings import load_settings
-    from relay.store import Store
-    from relay.trust import load_allowlist
-
-    settings = load_settings()
-    if settings.proposals_repository is None:
-        print("relay levels propose: RELAY_PROPOSALS_REPOSITORY is not set (owner/name of the repository that "
-              "holds the backend descriptors): nothing proposed", file=sys.stderr)
-        return 2
-    allowlist = load_allowlist(settings.backends_dir or packaged_backends_dir())
-    store = Store(settings.database_url)
-    try:
-        store.migrate()
-        outcomes = Proposer.from_settings(settings, store, GitHubClient.from_settings(settings), allowlist).propose_once()
-    finally:
-        store.close()
-    if args.json:
-        print(json.dumps([outcome_json(o) for o in outcomes], indent=2))
-    else:
-        for o in outcomes:
-            where = f" #{o.pull_request} {o.url}" if o.pull_request else ""
-            print(f"{o.backend:<16} {o.kind:<8} {o.action:<9}{where}{': ' + o.detail if o.detail else ''}")
-    return 1 if any(o.action == "failed" for o in outcomes) else 0

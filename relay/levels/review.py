@@ -1,6 +1,6 @@
 """Level review: each backend's runs measured against its level's criteria, and what its level should be.
 
-Triggered by ``relay levels review``, the level watch (:mod:`relay.level_watch`) and the dashboard
+Triggered by ``relay levels review`` (:mod:`relay.levels.commands`), the level watch (:mod:`relay.levels.watch`) and the dashboard
 (overview and backend pages). Reads finished runs from the store; writes nothing: promotion and
 demotion stay reviewed changes to the backend files, this only recommends them (``relay levels
 restore <backend>`` ends a backend's level hold: a person's decision, stored with the hold). The
@@ -19,12 +19,9 @@ time limit whatever its times say.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
-import json
 import statistics
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 from relay import trust
@@ -326,73 +323,3 @@ def criteria_from_settings(settings) -> dict[TrustLevel, LevelCriteria]:
         )
         for level, lc in trust.LEVEL_CRITERIA.items()
     }
-
-
-def _review_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["review", "propose", "restore"],
-                        help="review: recommend promotions and demotions; propose: open or update their pull "
-                             "requests on RELAY_PROPOSALS_REPOSITORY (one pass); restore: end a backend's level hold")
-    parser.add_argument("backend", nargs="?", help="restore: the backend whose level hold ends")
-    parser.add_argument("--reason", help="restore: why (stored with the hold's end)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def review_json(r: LevelReview) -> dict:
-    return {
-        "backend": r.backend, "level": r.level, "recommendation": r.recommendation,
-        "recommended_level": r.recommended_level, "reason": r.reason, "runs": r.stats.runs,
-        "success_rate": r.stats.success_rate, "time_to_result_p50": r.stats.time_to_result_p50,
-        "time_to_result_max": r.stats.time_to_result_max,
-        "criteria": [dataclasses.asdict(c) for c in r.criteria],
-    }
-
-
-def levels_command(args: argparse.Namespace) -> int:
-    from conformance.descriptors import packaged_backends_dir
-
-    if args.action == "propose":
-        from relay.levels.proposals import propose_command
-
-        return propose_command(args)
-
-    from relay.settings import load_settings
-    from relay.store import Store
-    from relay.trust import load_allowlist
-
-    if args.action == "restore" and (not args.backend or not (args.reason or "").strip()):
-        raise ValueError("restore needs the backend and a reason: relay levels restore <backend> --reason TEXT")
-    if args.action == "review" and args.backend:
-        raise ValueError(f"review takes no backend (got {args.backend!r}); it reviews every backend")
-    settings = load_settings()
-    allowlist = load_allowlist(settings.backends_dir or packaged_backends_dir())
-    store = Store(settings.database_url)
-    try:
-        store.migrate()
-        if args.action == "restore":
-            return _restore(store, allowlist, args.backend, args.reason.strip(), args.json)
-        reviews = review(store, allowlist, criteria=criteria_from_settings(settings))
-    finally:
-        store.close()
-    if args.json:
-        print(json.dumps([review_json(r) for r in reviews], indent=2))
-    else:
-        print(format_table(reviews))
-    return 0
-
-
-def _restore(store, allowlist, backend: str, reason: str, as_json: bool) -> int:
-    """End ``backend``'s level hold by a person's decision (the level watch then judges only later runs)."""
-    if backend not in {t.name for t in allowlist}:
-        raise ValueError(f"no backend {backend!r} in the allowlist; known: {', '.join(t.name for t in allowlist)}")
-    hold = store.end_level_hold(backend, f"restored: {reason}")
-    if hold is None:
-        print(f"relay levels restore: {backend} has no level hold; nothing to restore", file=sys.stderr)
-        return 1
-    if as_json:
-        print(json.dumps({"backend": backend, "level": hold.level, "reason": hold.reason,
-                          "started_at": hold.started_at.isoformat(), "ended_at": hold.ended_at.isoformat(),
-                          "ended_by": hold.ended_by}))
-    else:
-        print(f"{backend}: level hold at {hold.level} since {hold.started_at:%Y-%m-%d %H:%M} UTC ended "
-              f"({hold.ended_by})")
-    return 0

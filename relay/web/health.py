@@ -1,10 +1,8 @@
-"""Observability: structured logs, Prometheus metrics, and the ``/healthz`` (liveness), ``/readyz``
-(readiness) and ``/metrics`` routes.
+"""The operator's endpoints: ``/healthz`` (liveness), ``/readyz`` (readiness), ``/metrics`` and
+``/api/quarantine``, and the 503 answer of any route whose store call failed.
 
-Triggered at start-up (``configure_logging``), by intake and the dispatcher (they count through
-:class:`Metrics`) and by scrapes. Reads the store for health and queue depth; writes log lines to
-stderr (one JSON object per line by default). Each app has its own metrics registry, so several apps in
-one process (tests) never share counters.
+Triggered by probes and scrapes. Reads the store (a write probe, paused credentials, quarantined rows),
+the background workers' problems and the metrics registry (:mod:`relay.metrics`); writes nothing.
 """
 
 from __future__ import annotations
@@ -12,113 +10,36 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hmac
-import json
-import logging
-import sys
-import time
+from typing import Protocol
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from relay.parts import parts_of
+from relay.metrics import Metrics
+from relay.settings import Settings
 from relay.store import Store, StoreUnavailable
+from relay.web.app_parts import app_parts
 
-__all__ = ["Metrics", "configure_logging", "router"]
-
-_RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and every ``extra=`` field."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        line.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")})
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+__all__ = ["router", "store_unavailable_handler"]
 
 
-def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger("relay")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+class _Workers(Protocol):
+    def problems(self) -> list[str]: ...
 
 
-class _OutboxDepth:
-    """Queue depth per state, quarantined rows and paused credentials, read from the store at scrape
-    time (so every process reports the shared state)."""
+class HealthParts(Protocol):
+    """What these routes read of the app's parts (:class:`relay.parts.RelayParts` has them)."""
 
-    def __init__(self, store: Store):
-        self._store = store
-
-    def collect(self):
-        family = GaugeMetricFamily("relay_outbox_dispatches", "dispatches in the outbox by state", labels=["state"])
-        try:
-            depth = self._store.outbox_depth()
-        except StoreUnavailable:
-            return
-        for state, count in depth.items():
-            family.add_metric([state], count)
-        yield family
-        quarantined = GaugeMetricFamily(
-            "relay_quarantined_rows", "rows a background pass set aside (see /api/quarantine), by worker", labels=["worker"],
-        )
-        try:
-            counts = self._store.quarantine_counts()
-        except StoreUnavailable:
-            return
-        for worker, count in sorted(counts.items()):
-            quarantined.add_metric([worker], count)
-        yield quarantined
-        paused = GaugeMetricFamily(
-            "relay_credential_paused", "1 while GitHub refused the credential (401) and its dispatches wait", labels=["credential"],
-        )
-        try:
-            gates = self._store.credential_gates()
-        except StoreUnavailable:
-            return
-        for gate in gates:
-            paused.add_metric([gate.credential], 1.0 if gate.paused else 0.0)
-        yield paused
+    settings: Settings
+    store: Store
+    metrics: Metrics
+    results: _Workers
 
 
-class Metrics:
-    """The relay's metrics, in a registry of their own."""
-
-    def __init__(self, store: Store | None = None):
-        self.registry = CollectorRegistry()
-        self.events = Counter(
-            "relay_webhook_events", "webhooks received, by event and outcome", ["event", "outcome"], registry=self.registry
-        )
-        self.dispatch_seconds = Histogram(
-            "relay_dispatch_request_seconds", "duration of one repository_dispatch call", ["outcome"],
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry,
-        )
-        self.dispatch_delay = Histogram(
-            "relay_dispatch_delay_seconds", "time from webhook accepted to dispatch sent",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600), registry=self.registry,
-        )
-        self.sent = Counter("relay_dispatches_sent", "dispatches delivered (204)", registry=self.registry)
-        self.claims = Counter(
-            "relay_dispatch_claims", "outbox claims by the dispatcher loop, by result (rows or empty)", ["result"],
-            registry=self.registry,
-        )
-        self.retries = Counter("relay_dispatch_retries", "dispatches rescheduled, by reason", ["reason"], registry=self.registry)
-        self.failures = Counter("relay_dispatch_failures", "dispatches given up, by reason", ["reason"], registry=self.registry)
-        if store is not None:
-            self.registry.register(_OutboxDepth(store))
+def parts_of(request: Request) -> HealthParts:
+    return app_parts(request)
 
 
 router = APIRouter(tags=["observability"])

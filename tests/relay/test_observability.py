@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 
-from relay.web.health import JsonFormatter
+from relay.logs import JsonFormatter
 from relay.testing import Fault
 from tests.relay.helpers import pr_payload, push_payload
 
