@@ -36,7 +36,7 @@ from relay.testing import FakeGitHub
 from relay.testing.flaky_proxy import FlakyProxy
 from relay.testing.oidc_issuer import FakeOidcIssuer, new_rsa_key
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CALLER = ROOT / "workflows" / "examples" / "crcr.yml"
 REUSABLE = ROOT / ".github" / "workflows" / "conformance.yml"
 BACKEND = "cpu"
@@ -120,7 +120,7 @@ class Loop:
             env.update(RELAY_GITHUB_APP_ID="4242", RELAY_GITHUB_PRIVATE_KEY_FILE=str(pem))
         else:
             env["RELAY_GITHUB_TOKEN"] = GITHUB_TOKEN
-        from tests.relay.helpers import RelayProcess
+        from relay.testing.relay_process import RelayProcess
 
         self.relay = RelayProcess(env, self.relay_log).start()
         self.proxy = FlakyProxy(self.relay.url).start()
