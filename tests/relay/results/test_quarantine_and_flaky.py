@@ -142,7 +142,7 @@ def test_the_documented_quarantine_entry_loads(tmp_path, results_backends):  # n
     import re
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "trust-levels.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "trust-levels.md").read_text()
     block = re.findall(r"```yaml\n(.*?)```", doc, re.S)[1]
     path = results_backends / "l4.yaml"
     data = yaml.safe_load(path.read_text())

@@ -16,7 +16,7 @@ from relay.store.errors import StoreRefused
 from tests.relay import private_postgres
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import RelayProcess, new_delivery, new_dispatches, push_payload, write_backend
-from tests.relay.test_crash_safety import _env
+from tests.relay.faults.test_crash_safety import _env
 
 # GitHub gives up on a webhook after 10 s: an answer slower than that is no answer.
 GITHUB_DEADLINE = 10.0

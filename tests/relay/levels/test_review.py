@@ -164,7 +164,7 @@ def test_the_documented_level_since_is_read_from_the_descriptor():
 
     from conformance.descriptors import RelayTarget
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "trust-levels.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "trust-levels.md").read_text()
     section = yaml.safe_load(re.search(r"```yaml\n(.*?)```", doc, re.S).group(1))["relay"]
     assert RelayTarget.model_validate(section).level_since == dt.date(2026, 10, 1)
     with pytest.raises(ValueError, match="level_since"):

@@ -19,7 +19,7 @@ from relay.testing.flaky_proxy import DROP, FlakyProxy
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, TOKENS, report
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def job_env(relay_url: str, nonce: str, backend: str = "l4", run_id: int = 7001, **extra) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.relay.results_fixtures import oidc_issuer, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, write_backends
-from tests.relay.test_callbacks import error_of
+from tests.relay.results.test_receiver import error_of
 
 WORKFLOW = "org/l3-ci/.github/workflows/crcr.yml@refs/heads/main"
 

@@ -13,7 +13,7 @@ from relay.store import Store
 from relay.testing import Fault
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import RelayProcess, push_payload, write_backend
-from tests.relay.test_crash_safety import _env
+from tests.relay.faults.test_crash_safety import _env
 
 
 @pytest.fixture

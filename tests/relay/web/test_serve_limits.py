@@ -9,7 +9,7 @@ import socket
 import httpx
 
 from tests.relay.helpers import RelayProcess
-from tests.relay.test_crash_safety import _env
+from tests.relay.faults.test_crash_safety import _env
 
 
 def _closed_by_server(sock: socket.socket) -> bool:

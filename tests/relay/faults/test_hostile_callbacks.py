@@ -9,7 +9,7 @@ import pytest
 
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
-from tests.relay.test_callbacks import error_of
+from tests.relay.results.test_receiver import error_of
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
-from tests.relay.test_dashboard import page  # noqa: F401 (fixture)
+from tests.relay.dashboard.test_dashboard import page  # noqa: F401 (fixture)
 
 
 @pytest.fixture
