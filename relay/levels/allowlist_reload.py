@@ -4,7 +4,7 @@ Triggered by SIGHUP to ``relay serve`` (``request()``, from the signal handler) 
 ``RELAY_DESCRIPTOR_CHECK_SECONDS`` (0: SIGHUP only) by its own thread, which reloads when the content
 of the descriptor files (``*.yaml`` in ``RELAY_BACKENDS_DIR``) changed. Reads those files; writes the
 backends table (``Store.sync_backends``: a changed level moves that backend's level version on, so
-reporting re-decides the runs at open PRs' heads, see :mod:`relay.reporting`) and ends the level hold of
+reporting re-decides the runs at open PRs' heads, see :mod:`relay.results.reporter`) and ends the level hold of
 a backend whose level changed (a person decided its level). Hands the new targets to the running parts
 (``apply``: intake routing, callback authentication, reporting, re-runs, the level watch, the dashboard)
 and wakes reporting.

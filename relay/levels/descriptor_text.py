@@ -1,7 +1,7 @@
 """Descriptor edits: a backend file's text with its level changed, or one quarantine entry removed, and
 every other byte (comments, order, quoting, anchors, line ends) kept.
 
-Used by the level-change proposals (:mod:`relay.proposals`) on the text read from the descriptor
+Used by the level-change proposals (:mod:`relay.levels.proposals`) on the text read from the descriptor
 repository. ruamel.yaml's round-trip parser finds where the ``relay`` section's keys and entries are;
 the edit replaces or removes only those lines, so nothing is re-emitted. The result is parsed again
 and must equal the original with exactly the intended change (else :class:`DescriptorEditError`), so

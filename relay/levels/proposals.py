@@ -2,7 +2,7 @@
 
 Triggered every ``RELAY_PROPOSALS_INTERVAL_SECONDS`` by its own thread (started with the app when
 ``RELAY_PROPOSALS_REPOSITORY`` is set), or once by ``relay levels propose`` (:mod:`relay.levels.commands`). Reads the level review
-(:func:`relay.level_review.recommend` over the store's runs), the quarantine entries of the loaded
+(:func:`relay.levels.review.recommend` over the store's runs), the quarantine entries of the loaded
 descriptors and their tests' newest results, and the level holds; writes only to GitHub, through
 :mod:`relay.github` (branch, file update, pull request). Nothing happens without a repository.
 
@@ -26,7 +26,7 @@ names it): it is not proposed again until the change differs (another level, a n
 another expiry). A merged one shows on the base branch, and then there is nothing left to propose.
 
 The edited file is the base branch's descriptor with only the level lines (``level``, ``level_since``)
-changed or one quarantine entry removed (:mod:`relay.descriptor_edits`). A pass writes for at most
+changed or one quarantine entry removed (:mod:`relay.levels.descriptor_text`). A pass writes for at most
 ``RELAY_PROPOSALS_MAX_PER_PASS`` subjects; the next pass starts where it stopped. A subject whose
 descriptor or GitHub call fails is logged and counted, and the others go on; a rate limit ends the pass.
 """

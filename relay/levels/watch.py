@@ -4,7 +4,7 @@ hold once it is back above its bar for the configured time.
 Triggered every ``RELAY_LEVEL_WATCH_SECONDS`` by its own thread (started with the app; the first pass
 one interval after start), or once by ``watch_once()``. Reads the runs of the longest ``hold``
 criterion window (one query) and, per backend, the level review's recommendation
-(:func:`relay.level_review.recommend`, the criteria of :data:`relay.trust.LEVEL_CRITERIA` with the
+(:func:`relay.levels.review.recommend`, the criteria of :data:`relay.trust.LEVEL_CRITERIA` with the
 ``RELAY_LEVEL_*`` overrides); writes level holds (:mod:`relay.store.level_holds`). Per backend whose level sends results back:
 
 * below a ``hold`` criterion of its level (the review says demote): a hold is opened with the review's

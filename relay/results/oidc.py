@@ -1,6 +1,6 @@
 """Callback authentication: who is calling back, proven by a GitHub Actions OIDC token or a static token.
 
-Triggered by every ``POST /github/callback`` (the :func:`relay.callbacks` dependency calls
+Triggered by every ``POST /github/callback`` (the :func:`relay.results.routes.verified_caller` dependency calls
 :meth:`CallerAuth.authenticate` before the handler body runs). Reads the ``Authorization`` header, the
 issuer's JWKS (fetched over HTTPS, cached, refetched when a token names an unknown key id) and the
 allowlist's backend targets (:mod:`relay.trust`); writes nothing.

@@ -2,9 +2,9 @@
 
 Triggered by a backend repository's workflow (``.github/workflows/conformance.yml``): once with
 ``state: in_progress`` when the run starts, once with ``state: completed``, a ``conclusion`` and the
-conformance JSON report when it ends. Reads the caller's credentials (:mod:`relay.oidc`), the
-dispatch the nonce names, and the run record; writes the run's state, times, per-test results and
-whether the report's torch is the dispatched commit (:mod:`relay.provenance`) (one transaction, through :mod:`relay.store`), then hands the run to reporting (:mod:`relay.reporting`).
+conformance JSON report when it ends. Checks the content type, the declared size, the caller's
+credentials (:mod:`relay.results.oidc`) and its rate, reads the body within its cap, and hands both to
+the receiver (:mod:`relay.results.receiver`), which stores the update and wakes reporting.
 
 Checks, in order, each with its own answer (JSON ``{"error": code, "detail": sentence}``):
 
@@ -13,7 +13,7 @@ Checks, in order, each with its own answer (JSON ``{"error": code, "detail": sen
 413   the body exceeds ``RELAY_CALLBACK_MAX_BYTES``, or the report carries more than
       ``RELAY_CALLBACK_MAX_TESTS`` tests, a test message over ``RELAY_CALLBACK_MAX_MESSAGE_CHARS``
       or a test id over 1000 characters (the detail gives the numbers)
-401   no valid OIDC token or static token (:mod:`relay.oidc`)
+401   no valid OIDC token or static token (:mod:`relay.results.oidc`)
 403   the caller is not an allowlisted backend at L2+, or the nonce belongs to another backend's
       dispatch, or the OIDC token names another run than the body
 429   the caller's repository exceeded ``RELAY_CALLBACK_RATE_PER_MINUTE`` (``Retry-After`` says when)

@@ -11,7 +11,7 @@ this module reads and writes nothing. What appears upstream (``decide``) is the 
 * ``block_pr`` off (L3): failures (and time-outs) are reported as ``neutral`` with the failure
   summary; on (L4): the real conclusion, meant to be a required check.
 * ``block_pr`` on, but the backend has an active level hold (it fell below its level's hold bar,
-  :mod:`relay.level_watch`; :meth:`relay.trust.BackendTarget.blocks_under`): non-blocking like L3, from
+  :mod:`relay.levels.watch`; :meth:`relay.trust.BackendTarget.blocks_under`): non-blocking like L3, from
   the next decision on; the summary says since when and why, and links the backend's level review (a
   commit status links it instead of the run).
 * A level change (a descriptor reload; the backend's level version in the store moved on) re-decides

@@ -4,7 +4,7 @@ uvicorn's HTTP/1.1 protocol (h11) waits for a request's headers as long as a cli
 client that opens connections and trickles headers (slowloris) would hold them forever.
 :class:`HeaderDeadlineProtocol` starts a timer when a connection opens and again after each
 response; if no complete request head has arrived when it fires, the connection is closed. Bodies
-have their own deadline (:mod:`relay.request_body`).
+have their own deadline (:mod:`relay.web.request_body`).
 """
 
 from __future__ import annotations
