@@ -18,7 +18,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from relay.level_review import criteria_from_settings
+from relay.levels.review import criteria_from_settings
 from relay.parts import parts_of
 from relay.trust import BackendTarget, LevelCriteria, TrustLevel
 

@@ -21,7 +21,7 @@ import pytest
 
 from relay.testing.github_openapi import default_description
 from tests.relay.helpers import PAYLOADS_DIR
-from tests.workflows.e2e_loop import BACKEND, PREMUL, Loop, torch_git_version, without_known_failure
+from bench.e2e_loop import BACKEND, PREMUL, Loop, torch_git_version, without_known_failure
 
 pytestmark = [
     pytest.mark.slow,
