@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "load_descriptor",
     "load_descriptors",
     "packaged_backends_dir",
+    "torch_in_bound",
 ]
 
 ENV_BACKENDS_DIR = "CONFORMANCE_BACKENDS_DIR"
@@ -75,8 +78,8 @@ class _Strict(BaseModel):
 class Detect(_Strict):
     """How to recognise the backend on the local machine.
 
-    ``accelerator`` is the type of ``torch.accelerator.current_accelerator()`` ("none" when there is
-    no accelerator); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
+    ``accelerator`` is the type of ``torch.accelerator.current_accelerator(check_available=True)`` ("none"
+    when no accelerator device is present, whatever torch was built for); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
     set (e.g. ROCm is a ``cuda`` accelerator with ``torch.version.hip`` set).
     """
 
@@ -109,8 +112,24 @@ class _TestPattern(_Strict):
         return _glob_regex(self.match).fullmatch(test_id) is not None
 
 
+def torch_in_bound(bound: str | SpecifierSet, version: str) -> bool:
+    """Whether torch ``version`` lies within the PEP 440 specifier ``bound`` (e.g. ``"<2.15"``).
+
+    The local label is ignored (``2.14.1+cu130`` is 2.14.1). A pre-release, development or main build
+    counts as after the release before it and before the release it leads to: ``2.16.0a0+git1234``
+    (a build from main) and ``2.16.0.dev20260101`` (a nightly) are ``>=2.15`` and ``<2.16``. PEP 440's
+    ``<`` alone would exclude pre-releases of 2.16 from ``<2.16``; a main build does not have 2.16's
+    fixes yet, so here it is within. Every other operator is packaging's, with pre-releases allowed.
+    """
+    specifiers = SpecifierSet(bound) if isinstance(bound, str) else bound
+    public = Version(Version(version).public)
+    return all(public < Version(s.version) if s.operator == "<" else s.contains(public, prereleases=True)
+               for s in specifiers)
+
+
 class KnownFailure(_TestPattern):
-    """A test-id pattern known to fail on this backend, applied as strict xfail or as skip."""
+    """A test-id pattern known to fail on this backend, applied as xfail or as skip; ``torch`` bounds it to
+    the torch versions where it fails (outside its bound the entry does not apply)."""
 
     reason: str = Field(min_length=1)
     link: str = Field(min_length=1)
@@ -120,6 +139,30 @@ class KnownFailure(_TestPattern):
         description="the failure shows only with at least this many ranks (a result that depends on which "
                     "rank holds a value, data that must cross ranks); below it the test runs normally",
     )
+    torch: str | None = Field(
+        default=None,
+        description='PEP 440 specifier of the torch versions the failure shows on, e.g. "<2.15" (fixed in 2.15) '
+                    'or ">=2.14,<2.16"; unset: every version. See torch_in_bound for main and local builds',
+    )
+
+    @field_validator("torch")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            specifiers = SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(
+                f"{value!r} is not a PEP 440 version specifier -> write e.g. \"<2.15\" (fixed in 2.15) "
+                "or \">=2.14,<2.16\"") from None
+        if not len(specifiers):
+            raise ValueError(f"{value!r} is empty -> remove 'torch' to apply the entry to every version")
+        return value
+
+    def applies_to_torch(self, version: str | None) -> bool:
+        """Whether the entry applies to torch ``version`` (None: any version)."""
+        return self.torch is None or version is None or torch_in_bound(self.torch, version)
 
 
 class QuarantinedTest(_TestPattern):
@@ -233,10 +276,13 @@ class BackendDescriptor(_Strict):
     def declares(self, capability: str) -> bool:
         return self.capabilities[capability]
 
-    def known_failure_for(self, test_id: str, world_size: int | None = None) -> KnownFailure | None:
-        """The known failure that applies to ``test_id`` in a run of ``world_size`` ranks (any size if None)."""
+    def known_failure_for(self, test_id: str, world_size: int | None = None,
+                          torch_version: str | None = None) -> KnownFailure | None:
+        """The first known failure that applies to ``test_id`` in a run of ``world_size`` ranks on torch
+        ``torch_version`` (None: any size, any version)."""
         return next((kf for kf in self.known_failures
-                     if kf.matches(test_id) and (world_size is None or world_size >= kf.min_world_size)), None)
+                     if kf.matches(test_id) and (world_size is None or world_size >= kf.min_world_size)
+                     and kf.applies_to_torch(torch_version)), None)
 
 
 def _fix_hint(loc: tuple, msg: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from conformance.capabilities import CapabilityReport, probe_capabilities
 from conformance.descriptors import CAPABILITIES, BackendDescriptor, DescriptorError, load_descriptors
-from conformance.detect import resolve_backend
+from conformance.detect import absent_accelerator_note, resolve_backend
 from conformance.report import (BackendInfo, CapabilityStatus, ConformanceReport, HostInfo, RankOutcome,
                                 TestResult, TorchInfo, summarize)
 
@@ -75,6 +75,7 @@ class ConformanceSession:
     extra_events: list[str] = field(default_factory=list)
 
     launcher: object = None  # a conformance.ranks.launcher.LauncherWorld when started by torchrun
+    detection_note: str | None = None  # why a detected backend is not the one torch was built for
 
     @classmethod
     def create(cls, options: RunOptions) -> "ConformanceSession":
@@ -94,8 +95,11 @@ class ConformanceSession:
             world_size = options.world_size or descriptor.world_size
             ranks_here = world_size
         check_devices(descriptor, ranks_here, _device_count(descriptor))
+        note = absent_accelerator_note() if options.backend == "auto" else None
+        if note is not None:
+            note += f", so it runs {descriptor.name} over {descriptor.distributed_backend}"
         return cls(options=options, descriptor=descriptor, capabilities=capabilities,
-                   world_size=world_size, available_ranks=world_size, launcher=launcher)
+                   world_size=world_size, available_ranks=world_size, launcher=launcher, detection_note=note)
 
     # -- pools ------------------------------------------------------------------------------------
     def pool(self, world_size: int):
@@ -150,6 +154,13 @@ class ConformanceSession:
                 self.extra_events.append(f"rank {rank} did not report its results within {timeout:g} s")
         return merge_rank_results(per_rank)
 
+    @property
+    def torch_version(self) -> str:
+        """The running torch's version, which known failures' ``torch`` bounds are evaluated against."""
+        import torch
+
+        return torch.__version__
+
     # -- header and report ------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
         import torch
@@ -160,6 +171,8 @@ class ConformanceSession:
             f"distributed backend {d.distributed_backend}, torch {torch.__version__}, "
             f"world size {self.world_size} (ranks available: {self.available_ranks})",
         ]
+        if self.detection_note:
+            lines.append(f"conformance: {self.detection_note}")
         for name in CHEAP_PROBES:  # the rest (imports of DTensor, Dynamo) only when a selected test needs them
             self.capabilities.probes[name]
         probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
@@ -169,6 +182,11 @@ class ConformanceSession:
                      + (" (?: not needed by the selected tests, not probed)" if len(probed) < len(CAPABILITIES) else ""))
         for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
+        bounded = [kf for kf in d.known_failures if kf.torch is not None]
+        if bounded:
+            outside = sum(not kf.applies_to_torch(self.torch_version) for kf in bounded)
+            lines.append(f"conformance: known failures: {len(d.known_failures) - outside} of {len(d.known_failures)} "
+                         f"entries apply to torch {self.torch_version} ({outside} bounded to other versions)")
         return lines
 
     def build_report(self, tests: list[TestResult], extra_events: list[str] = ()) -> ConformanceReport:
@@ -190,7 +208,7 @@ class ConformanceSession:
         )
 
 
-_SEVERITY = ("error", "failed", "xpassed", "passed", "xfailed", "skipped")
+_SEVERITY = ("error", "failed", "xpassed", "unexpected_pass", "passed", "xfailed", "skipped")
 
 
 def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
@@ -205,6 +223,7 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
         worst = min(entries, key=lambda e: (_SEVERITY.index(e[2].outcome), e[0]))[2]
         merged.append(TestResult(
             nodeid=nodeid, suite=worst.suite, outcome=worst.outcome, message=worst.message,
+            known_failure=worst.known_failure,
             duration=max(e[2].duration for e in entries),
             ranks=[RankOutcome(rank=r, node=node, outcome=t.outcome, message=t.message if t.outcome != "passed" else "")
                    for r, node, t in entries]))
@@ -234,6 +253,14 @@ def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: 
     peers put one rank per device; two ranks sharing one fail at the first collective, far from the cause."""
     if device_count is None or ranks_here <= device_count:
         return
+    if device_count == 0:
+        import torch
+
+        raise WorldSizeError(
+            f"backend {descriptor.name} runs one rank per {descriptor.device_type} device, and this machine has 0 "
+            f"{descriptor.device_type} devices (torch {torch.__version__}; torch.accelerator finds none): run it "
+            f"where {descriptor.device_type} devices are present, or leave --backend out to test what this machine "
+            "has (CPU over gloo when it has no accelerator)")
     raise WorldSizeError(
         f"{ranks_here} ranks on this machine need {ranks_here} {descriptor.device_type} devices (one rank per device "
         f"for {descriptor.distributed_backend}), but it has {device_count}: pass --world-size {device_count} or "

@@ -40,6 +40,7 @@ _OUTCOME_CLASS = {
     "success": "ok", "failure": "bad", "timed_out": "bad", "action_required": "bad", "neutral": "warn",
     "cancelled": "muted", "skipped": "muted", "dispatched": "pending", "in_progress": "pending",
     "passed": "ok", "failed": "bad", "error": "bad", "xpassed": "bad", "xfailed": "muted",
+    "unexpected_pass": "ok",
 }
 
 

@@ -34,7 +34,8 @@ def _counts_line(run: RunView) -> str:
     if not counts:
         return {"timed_out": "timed out", "cancelled": "cancelled"}.get(run.state, "no report")
     parts = [f"{counts.get('passed', 0)} passed"]
-    for key, word in (("failed", "failed"), ("errors", "errors"), ("xpassed", "xpassed"), ("skipped", "skipped")):
+    for key, word in (("failed", "failed"), ("errors", "errors"), ("xpassed", "xpassed"),
+                      ("unexpected_passes", "unexpected passes"), ("skipped", "skipped")):
         if counts.get(key):
             parts.append(f"{counts[key]} {word}")
     return ", ".join(parts)

@@ -11,8 +11,9 @@ import yaml
 
 from conformance.capabilities import probe_capabilities
 from conformance.descriptors import (CAPABILITIES, DescriptorError, load_descriptor, load_descriptors,
-                                     packaged_backends_dir)
-from conformance.detect import detect_backend, resolve_backend
+                                     packaged_backends_dir, torch_in_bound)
+from conformance.detect import (absent_accelerator_note, build_accelerator, detect_backend, local_accelerator,
+                                resolve_backend)
 
 BACKENDS = packaged_backends_dir()
 VALID = {
@@ -61,6 +62,10 @@ def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
      "known_failures.0.mode: Input should be 'xfail' or 'skip'"),
     ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "min_world_size": 0}]},
      "known_failures.0.min_world_size: Input should be greater than or equal to 1"),
+    ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "torch": "before 2.15"}]},
+     "known_failures.0.torch: 'before 2.15' is not a PEP 440 version specifier -> write e.g. \"<2.15\""),
+    ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "torch": ""}]},
+     "known_failures.0.torch: '' is empty -> remove 'torch' to apply the entry to every version"),
     ({"relay": {"repository": "not a repo"}}, "relay.repository: 'not a repo' is not 'owner/name'"),
     ({"relay": {"repository": "o/r", "level": "L5"}}, "relay.level: Input should be 'L1', 'L2', 'L3' or 'L4'"),
     ({"capabilities": {**VALID["capabilities"], "put_signal": True}},
@@ -119,9 +124,72 @@ def test_a_known_failure_that_needs_several_ranks_applies_only_at_that_world_siz
     assert descriptor.known_failure_for(test_id) is not None  # no run size: every entry that matches
 
 
+# Each form a torch version takes: a release, a local build, a release candidate, a nightly, a build from main.
+@pytest.mark.parametrize("version, bound, within", [
+    ("2.13.0", "<2.15", True),
+    ("2.15.0", "<2.15", False),
+    ("2.15.0", ">=2.15", True),
+    ("2.14.1+cu130", "<2.15", True),          # the local label is ignored
+    ("2.14.1+cu130", "==2.14.1", True),
+    ("2.15.0+cpu", ">=2.15,<2.16", True),
+    ("2.15.0rc3", "<2.15", True),             # a release candidate of 2.15 does not have all of 2.15 yet
+    ("2.15.0rc3", ">=2.15", False),
+    ("2.15.0rc3", ">=2.14", True),
+    ("2.16.0a0+git1234", "<2.16", True),      # a build from main: after 2.15, before 2.16
+    ("2.16.0a0+git1234", ">=2.15", True),
+    ("2.16.0a0+git1234", ">=2.15,<2.16", True),
+    ("2.16.0a0+git1234", "<=2.15", False),
+    ("2.16.0a0+git1234", ">=2.16", False),
+    ("2.16.0a0+git1234", "<2.16.0a0", False),  # how to exclude every main build of 2.16
+    ("2.16.0.dev20260101+cpu", "<2.16", True),  # a nightly: likewise
+    ("2.16.0.dev20260101+cpu", "<2.16.0a0", True),
+    ("2.16.0.dev20260101+cpu", "<2.16.0.dev20260101", False),
+    ("2.16.0", "<2.16", False),
+    ("2.16.0", "!=2.16.*", False),
+])
+def test_torch_bounds_compare_main_local_and_pre_release_builds(version, bound, within):
+    assert torch_in_bound(bound, version) is within
+
+
+def test_a_known_failure_bounded_by_torch_version_applies_only_within_its_bound(tmp_path):
+    fixed = {"match": "dtensor::test_x[*]", "reason": "fixed in 2.15", "link": "l", "torch": "<2.15"}
+    later = {"match": "dtensor::test_x[b]", "reason": "broke again in 2.16", "link": "l", "torch": ">=2.16.0a0"}
+    descriptor = load_descriptor(write(tmp_path, "mine", {**VALID, "known_failures": [fixed, later]}))
+    assert descriptor.known_failure_for("dtensor::test_x[a]", torch_version="2.14.1+cu130").reason == "fixed in 2.15"
+    assert descriptor.known_failure_for("dtensor::test_x[a]", torch_version="2.15.0") is None
+    # The first entry out of its bound, the next one that matches applies.
+    assert descriptor.known_failure_for("dtensor::test_x[b]", torch_version="2.16.0a0+git1234").reason == \
+        "broke again in 2.16"
+    assert descriptor.known_failure_for("dtensor::test_x[b]", torch_version="2.15.0") is None
+    assert descriptor.known_failure_for("dtensor::test_x[a]").reason == "fixed in 2.15"  # no version: any
+
+
 def test_detection_on_this_cpu_machine_picks_cpu():
     assert detect_backend(load_descriptors()).name == "cpu"
     assert resolve_backend("auto", load_descriptors()).name == "cpu"
+
+
+@pytest.mark.skipif(build_accelerator() == "none" or local_accelerator() != "none",
+                    reason="needs a torch built for an accelerator on a machine without one (e.g. the default wheel on CPU)")
+def test_an_accelerator_build_without_its_devices_runs_cpu_and_says_so():
+    import torch
+
+    from conformance.session import ConformanceSession, RunOptions
+
+    session = ConformanceSession.create(RunOptions())
+    assert session.descriptor.name == "cpu"
+    assert session.header_lines()[1] == (
+        f"conformance: torch {torch.__version__} is a {build_accelerator()} build, but this machine has no "
+        f"{build_accelerator()} device: detection follows the devices present, so it runs cpu over gloo")
+
+
+def test_detection_on_a_cpu_build_says_nothing_about_devices():
+    if build_accelerator() != "none":
+        pytest.skip(f"torch is built for {build_accelerator()}")
+    from conformance.session import ConformanceSession, RunOptions
+
+    assert ConformanceSession.create(RunOptions()).detection_note is None
+    assert absent_accelerator_note() is None
 
 
 def test_unknown_backend_and_missing_setup_module(tmp_path):

@@ -5,6 +5,7 @@ import json
 
 import httpx
 
+from relay.store.per_test_results import FAILING_OUTCOMES
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, report
 
@@ -43,6 +44,30 @@ def test_static_token_and_outcome_states(database_url, results_relay):  # noqa: 
     assert drive.start("l4", nonce).status_code == 200
     cancelled = drive.complete("l4", nonce, "cancelled", with_report=False)
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+
+
+def test_an_unexpected_pass_is_stored_as_such_and_never_counted_as_a_failure(database_url, results_relay):  # noqa: F811
+    relay, drive = results_relay(database_url)
+    nonce = drive.nonce("l4", drive.open_pr(15))
+    assert drive.start("l4", nonce).status_code == 200
+    body = report("l4", [("conformance/suites/test_collectives.py::test_all_reduce[sum]", "passed", ""),
+                         ("conformance/suites/test_collectives.py::test_broadcast", "passed", "")])
+    body["schema_version"] = "1.1"
+    entry = {"match": "collectives::test_broadcast", "reason": "fixed upstream", "link": "https://example.org/9"}
+    body["tests"][1].update(outcome="unexpected_pass", message="passed: known failure on l4: fixed upstream",
+                            known_failure=entry)
+    body["summary"].update(passed=1, unexpected_passes=1)
+    done = drive.complete("l4", nonce, "success", report_body=body)
+    assert done.status_code == 200, done.text
+    assert (done.json()["state"], done.json()["conclusion"], done.json()["tests_recorded"]) == ("completed", "success", 2)
+    (run,) = relay.store.runs(backend="l4", pr_number=15)
+    assert run.summary["counts"]["unexpected_passes"] == 1 and run.summary["counts"]["failed"] == 0
+    (stored,) = relay.store.test_results([run.id], ["unexpected_pass"])
+    assert (stored.test_id, stored.message) == ("collectives::test_broadcast", "passed: known failure on l4: fixed upstream")
+    assert relay.store.test_results([run.id], FAILING_OUTCOMES) == []
+    assert relay.parts.results.reporting.wait_idle(10)
+    final = [s for s in relay.fake.statuses if s["context"] == "crcr/l4"][-1]
+    assert final["state"] == "success" and "1 passed, 1 unexpected passes" in final["description"]
 
 
 def test_second_attempt_of_a_downstream_run_is_a_new_run(database_url, results_relay):  # noqa: F811
