@@ -32,6 +32,7 @@ __all__ = [
     "KnownFailure",
     "QuarantinedTest",
     "RelayTarget",
+    "Tolerance",
     "TrustLevel",
     "descriptor_dirs",
     "load_descriptor",
@@ -53,6 +54,7 @@ class Capability(str, enum.Enum):
     symmetric_memory = "symmetric_memory"
     put_signal = "put_signal"
     bf16 = "bf16"
+    parallelisms = "parallelisms"
 
 
 CAPABILITIES: tuple[str, ...] = tuple(c.value for c in Capability)
@@ -177,6 +179,16 @@ class QuarantinedTest(_TestPattern):
         return day <= self.expires
 
 
+class Tolerance(_Strict):
+    """How far a result computed in parallel may be from a single-device reference, for one dtype."""
+
+    rtol: float = Field(ge=0)
+    atol: float = Field(ge=0)
+
+
+TOLERANCE_DTYPES = ("float32", "bfloat16")
+
+
 def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
 
@@ -241,6 +253,11 @@ class BackendDescriptor(_Strict):
     )
     capabilities: dict[str, bool]
     known_failures: tuple[KnownFailure, ...] = ()
+    tolerances: dict[str, Tolerance] = Field(
+        default_factory=dict,
+        description="per dtype (float32, bfloat16): how far a parallel training run may be from the "
+                    "single-device reference (the parallelisms suite); a dtype not listed is compared bitwise",
+    )
     relay: RelayTarget | None = None
     source: str = Field(default="", exclude=True, description="file the descriptor came from")
 
@@ -259,6 +276,14 @@ class BackendDescriptor(_Strict):
                 f"capability {', '.join(map(repr, missing))} not declared; "
                 "declare every capability as true or false"
             )
+        return value
+
+    @field_validator("tolerances")
+    @classmethod
+    def _tolerance_dtypes(cls, value: dict[str, Tolerance]) -> dict[str, Tolerance]:
+        unknown = sorted(set(value) - set(TOLERANCE_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown dtype {', '.join(map(repr, unknown))}; allowed: {', '.join(TOLERANCE_DTYPES)}")
         return value
 
     @model_validator(mode="after")

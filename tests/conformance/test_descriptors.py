@@ -52,7 +52,12 @@ def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
     ({"capabilities": {**VALID["capabilities"], "warp_drive": True}},
      "capabilities: unknown capability 'warp_drive'; allowed: collectives, dtensor"),
     ({"capabilities": {"collectives": True}},
-     "capability 'dtensor', 'compile', 'aot_compile', 'symmetric_memory', 'put_signal', 'bf16' not declared"),
+     "capability 'dtensor', 'compile', 'aot_compile', 'symmetric_memory', 'put_signal', 'bf16', 'parallelisms' not "
+     "declared"),
+    ({"tolerances": {"float16": {"rtol": 0.1, "atol": 0.1}}},
+     "tolerances: unknown dtype 'float16'; allowed: float32, bfloat16"),
+    ({"tolerances": {"float32": {"rtol": -1, "atol": 0}}},
+     "tolerances.float32.rtol: Input should be greater than or equal to 0"),
     ({"world_size": 0}, "world_size: Input should be greater than or equal to 1"),
     ({"colour": "red"}, "colour: Extra inputs are not permitted -> remove 'colour'"),
     ({"detect": {}}, "detect.accelerator: Field required -> add 'detect.accelerator'"),

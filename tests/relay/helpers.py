@@ -42,7 +42,7 @@ def write_backend(folder: Path, name: str, repository: str | None, level: str | 
     lines = [
         f"name: {name}", "device_type: cpu", "detect: {accelerator: none}", "distributed_backend: gloo",
         "capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
-        "symmetric_memory: false, put_signal: false, bf16: true}",
+        "symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}",
     ]
     if repository is not None:
         relay = f"relay: {{repository: {repository}, level: {level}"

@@ -22,7 +22,7 @@ TOKENS = {name: f"static-token-{name}-0123456789abcdef" for name in REPOS}
 def write_backends(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     caps = ("capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
-            "symmetric_memory: false, put_signal: false, bf16: true}")
+            "symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}")
     for name, repo in REPOS.items():
         digest = hashlib.sha256(TOKENS[name].encode()).hexdigest()
         (folder / f"{name}.yaml").write_text(

@@ -28,7 +28,7 @@ name: l4
 device_type: cpu
 detect: {accelerator: none}
 distributed_backend: gloo
-capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, symmetric_memory: false, put_signal: false, bf16: true}
+capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}
 relay:
   repository: org/l4-ci          # the downstream repository
   level: "L4"                    # mature: the check is required
@@ -124,7 +124,7 @@ name: l2
 device_type: cpu
 detect: {accelerator: none}
 distributed_backend: gloo
-capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, symmetric_memory: false, put_signal: false, bf16: true}
+capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}
 relay:
   repository: org/l2-ci   # observation for now
   level: L2
