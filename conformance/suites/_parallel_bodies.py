@@ -106,7 +106,7 @@ def _mixed_precision_step(world: int):
                 grads[name] = g if grads[name] is None else grads[name] + g
         for name, p in model.named_parameters():
             p.grad = grads[name] / world
-        return torch.tensor(total / world)
+        return torch.tensor(total / world, device=x.device)
 
     return step_loss
 
@@ -145,8 +145,8 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
         opt.zero_grad(set_to_none=True)
         models.mse(model(_local(x, ctx.rank, ctx.world_size)), _local(y, ctx.rank, ctx.world_size)).backward()
         if manual:
-            before.append({name: None if p.grad is None else p.grad.to_local().detach().cpu().clone()
-                           for name, p in model.named_parameters()})
+            before.append({name: None if p.grad is None else getattr(p.grad, "_local_tensor", p.grad).detach().cpu()
+                           .clone() for name, p in model.named_parameters()})  # no collective before finalization
             torch.mm(x.t(), x)  # overlapped work between backward and finalization
             finish(model)
         grads.append(models.grads_of(model))

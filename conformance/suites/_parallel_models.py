@@ -34,7 +34,7 @@ def resolve(name: str, default: Callable, what: str) -> Callable:
 def _generator(seed: int):
     import torch
 
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 def _dyadic_(module, seed: int) -> None:
@@ -43,7 +43,7 @@ def _dyadic_(module, seed: int) -> None:
     gen = _generator(seed)
     with torch.no_grad():
         for param in module.parameters():
-            param.copy_(torch.randint(-4, 5, param.shape, generator=gen).float() / 16)
+            param.copy_(torch.randint(-4, 5, param.shape, generator=gen, device="cpu").float() / 16)
 
 
 def _net_class():
@@ -55,13 +55,13 @@ def _net_class():
         (colwise, rowwise); fc2 has 5 rows, which no world size of 2 or more divides (FSDP's uneven
         shard); ``unused`` (when present) never takes part in forward."""
 
-        def __init__(self, unused: bool = False):
+        def __init__(self, device, unused: bool = False):
             super().__init__()
-            self.fc0 = nn.Linear(IN, HIDDEN)
-            self.fc1 = nn.Linear(HIDDEN, TP_HIDDEN)
-            self.fc2 = nn.Linear(TP_HIDDEN, UNEVEN)
-            self.head = nn.Linear(UNEVEN, OUT)
-            self.unused = nn.Linear(IN, OUT) if unused else None
+            self.fc0 = nn.Linear(IN, HIDDEN, device=device)
+            self.fc1 = nn.Linear(HIDDEN, TP_HIDDEN, device=device)
+            self.fc2 = nn.Linear(TP_HIDDEN, UNEVEN, device=device)
+            self.head = nn.Linear(UNEVEN, OUT, device=device)
+            self.unused = nn.Linear(IN, OUT, device=device) if unused else None
 
         def forward(self, x):
             h = torch.relu(self.fc0(x))
@@ -74,20 +74,20 @@ def _net_class():
 
 def net(device, *, seed: int = 0, unused: bool = False):
     """The suite's small model (437 parameters), dyadic, on ``device``."""
-    model = _net_class()(unused=unused)
+    model = _net_class()(device, unused=unused)
     _dyadic_(model, seed)
-    return model.to(device)
+    return model
 
 
 def blocks(count: int, device, *, seed: int = 0):
     """``count`` blocks of Linear(8, 8) + ReLU (the last without ReLU), for pipelining."""
     from torch import nn
 
-    layers = [nn.Sequential(nn.Linear(IN, IN), nn.ReLU()) if i < count - 1 else nn.Sequential(nn.Linear(IN, IN))
-              for i in range(count)]
+    layers = [nn.Sequential(nn.Linear(IN, IN, device=device), nn.ReLU()) if i < count - 1
+              else nn.Sequential(nn.Linear(IN, IN, device=device)) for i in range(count)]
     model = nn.Sequential(*layers)
     _dyadic_(model, seed)
-    return model.to(device)
+    return model
 
 
 def batch(step: int, size: int, device, *, width: int = OUT):
@@ -95,8 +95,8 @@ def batch(step: int, size: int, device, *, width: int = OUT):
     import torch
 
     gen = _generator(1000 + step)
-    x = torch.randint(-3, 4, (size, IN), generator=gen).float()
-    y = torch.randint(-3, 4, (size, width), generator=gen).float()
+    x = torch.randint(-3, 4, (size, IN), generator=gen, device="cpu").float()
+    y = torch.randint(-3, 4, (size, width), generator=gen, device="cpu").float()
     return x.to(device), y.to(device)
 
 
