@@ -24,6 +24,13 @@ def _global_batches(world: int, device, steps: int = STEPS):
     return [models.batch(step, BATCH_PER_RANK * world, device) for step in range(steps)]
 
 
+def local_grads(model) -> dict:
+    """This rank's own gradient tensors (a DTensor's local shard), with no collective: what manual
+    finalization leaves before and after ``finalize_backward``."""
+    return {name: None if p.grad is None else getattr(p.grad, "_local_tensor", p.grad).detach().cpu().clone()
+            for name, p in model.named_parameters()}
+
+
 # -- DDP ---------------------------------------------------------------------------------------------
 
 def _torch_finalize(ddp_or_fsdp) -> None:
@@ -49,7 +56,7 @@ def ddp(ctx, *, bucket_cap_mb: float = 25.0, unused: bool = False, no_sync: bool
         wrapped.require_manual_backward_finalization = True
     opt = torch.optim.SGD(wrapped.parameters(), lr=models.LR)
     batches = _global_batches(ctx.world_size, ctx.device)
-    grads, before = [], []
+    grads, before, after = [], [], []
     for x, y in batches:
         x, y = _local(x, ctx.rank, ctx.world_size), _local(y, ctx.rank, ctx.world_size)
         opt.zero_grad(set_to_none=True)
@@ -61,16 +68,17 @@ def ddp(ctx, *, bucket_cap_mb: float = 25.0, unused: bool = False, no_sync: bool
         else:
             models.mse(wrapped(x), y).backward()
         if manual:
-            before.append(models.grads_of(model))
+            before.append(local_grads(model))
             torch.mm(x.t(), x)  # overlapped work between backward and finalization
             finish(wrapped)
+            after.append(local_grads(model))
         grads.append(models.grads_of(model))
         opt.step()
     # Each rank's loss is its own part's: only gradients and parameters are compared with the reference.
     run = models.record(grads, models.params_of(model), [])
     ref = models.train_reference(reference, batches)
     ref["losses"] = []
-    return {"run": run, "reference": ref, "before_finalize": before}
+    return {"run": run, "reference": ref, "before_finalize": before, "after_finalize": after}
 
 
 # -- FSDP2 -------------------------------------------------------------------------------------------
@@ -140,22 +148,23 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
         model.set_manual_backward_finalization(True)
     opt = torch.optim.SGD(model.parameters(), lr=models.LR)
     batches = _global_batches(ctx.world_size, ctx.device)
-    grads, before = [], []
+    grads, before, after = [], [], []
     for x, y in batches:
         opt.zero_grad(set_to_none=True)
         models.mse(model(_local(x, ctx.rank, ctx.world_size)), _local(y, ctx.rank, ctx.world_size)).backward()
         if manual:
-            before.append({name: None if p.grad is None else getattr(p.grad, "_local_tensor", p.grad).detach().cpu()
-                           .clone() for name, p in model.named_parameters()})  # no collective before finalization
+            before.append(local_grads(model))
             torch.mm(x.t(), x)  # overlapped work between backward and finalization
             finish(model)
+            after.append(local_grads(model))
         grads.append(models.grads_of(model))
         opt.step()
     run = models.record(grads, models.params_of(model), [])
     step = _mixed_precision_step(ctx.world_size) if mixed_precision else None
     ref = models.train_reference(reference, batches, step)
     ref["losses"] = []
-    result = {"run": run, "reference": ref, "before_finalize": before, "shards": _local_shards(model)}
+    result = {"run": run, "reference": ref, "before_finalize": before, "after_finalize": after,
+              "shards": _local_shards(model)}
     if state_dict:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         result["full_state_dict"] = {name: t.detach().cpu().clone() for name, t in full.items()}

@@ -60,12 +60,22 @@ def reversed_microbatches(x, microbatches: int):
 
 
 def finalize_before_the_reduction(module) -> None:
-    """A ``finalize_backward`` that returns with the gradients as they were before the reduction."""
-    before = {param: param.grad for param in module.parameters()}
-    saved = {param: None if grad is None else grad.clone() for param, grad in before.items()}
+    """A ``finalize_backward`` that returns with each rank's gradients as they were before the reduction
+    (this rank's part of a still unreduced, unsharded gradient where FSDP2 had one pending)."""
+    import torch
+
+    saved = {name: None if p.grad is None else getattr(p.grad, "_local_tensor", p.grad).detach().clone()
+             for name, p in module.named_parameters()}
     module.finalize_backward()
-    for param, grad in saved.items():
-        if grad is None or param.grad is None or param.grad.shape != grad.shape:
-            param.grad = grad
-        else:
-            param.grad.copy_(grad)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            grad, local = saved[name], None if param.grad is None else getattr(param.grad, "_local_tensor", param.grad)
+            if grad is None or local is None:
+                param.grad = None
+            elif grad.shape == local.shape:
+                local.copy_(grad)
+            else:  # the unsharded gradient FSDP2 had yet to reduce-scatter: this rank's rows of it
+                mesh = param.device_mesh
+                rows = grad.chunk(mesh.size())[mesh.get_local_rank()]
+                local.zero_()
+                local[:rows.shape[0]].copy_(rows)
