@@ -40,6 +40,14 @@ def test_packaged_descriptors_cover_the_main_backends():
     assert descriptors["xpu"].distributed_backend == "xccl"
 
 
+def test_tolerances_are_read_per_dtype_and_absent_by_default(tmp_path):
+    path = write(tmp_path, "mine", {**VALID, "tolerances": {"float32": {"rtol": 1e-5, "atol": 1e-6}}})
+    descriptor = load_descriptor(path)
+    assert (descriptor.tolerances["float32"].rtol, descriptor.tolerances["float32"].atol) == (1e-5, 1e-6)
+    assert "bfloat16" not in descriptor.tolerances
+    assert load_descriptor(write(tmp_path, "plain", {**VALID, "name": "plain"})).tolerances == {}
+
+
 def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
     shutil.copy(BACKENDS / "privateuse1.yaml.template", tmp_path / "npu.yaml")
     descriptor = load_descriptor(tmp_path / "npu.yaml")
@@ -217,6 +225,9 @@ def test_unregistered_backend_fails_the_probe_with_the_fix(tmp_path):
     probe = probe_capabilities(load_descriptors(tmp_path)["oot"]).probes["collectives"]
     assert not probe.available
     assert "distributed backend 'nosuchccl' is not registered (import the module" in probe.reason
+    parallelisms = probe_capabilities(load_descriptors(tmp_path)["oot"]).probes["parallelisms"]
+    assert not parallelisms.available
+    assert parallelisms.reason.startswith("needs collectives: distributed backend 'nosuchccl' is not registered")
 
 
 def test_probes_on_cpu_record_torch_reasons_verbatim():
@@ -224,6 +235,7 @@ def test_probes_on_cpu_record_torch_reasons_verbatim():
     assert report.probes["symmetric_memory"].reason == "SymmetricMemory does not support device type cpu"
     assert report.probes["put_signal"].reason.startswith("needs symmetric memory: SymmetricMemory does not")
     assert report.probes["collectives"].available and report.probes["bf16"].available
+    assert report.probes["parallelisms"].available
     assert report.mismatches() == []
 
 
