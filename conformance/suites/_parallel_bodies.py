@@ -31,6 +31,16 @@ def local_grads(model) -> dict:
             for name, p in model.named_parameters()}
 
 
+def _finalize_manually(model, wrapper, finish, work, before: list, after: list) -> None:
+    """Record this rank's gradients, do other work, ``finish(wrapper)``, record them again."""
+    import torch
+
+    before.append(local_grads(model))
+    torch.mm(work.t(), work)  # overlapped work between backward and finalization
+    finish(wrapper)
+    after.append(local_grads(model))
+
+
 # -- DDP ---------------------------------------------------------------------------------------------
 
 def _torch_finalize(ddp_or_fsdp) -> None:
@@ -68,10 +78,7 @@ def ddp(ctx, *, bucket_cap_mb: float = 25.0, unused: bool = False, no_sync: bool
         else:
             models.mse(wrapped(x), y).backward()
         if manual:
-            before.append(local_grads(model))
-            torch.mm(x.t(), x)  # overlapped work between backward and finalization
-            finish(wrapped)
-            after.append(local_grads(model))
+            _finalize_manually(model, wrapped, finish, x, before, after)
         grads.append(models.grads_of(model))
         opt.step()
     # Each rank's loss is its own part's: only gradients and parameters are compared with the reference.
@@ -153,10 +160,7 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
         opt.zero_grad(set_to_none=True)
         models.mse(model(_local(x, ctx.rank, ctx.world_size)), _local(y, ctx.rank, ctx.world_size)).backward()
         if manual:
-            before.append(local_grads(model))
-            torch.mm(x.t(), x)  # overlapped work between backward and finalization
-            finish(model)
-            after.append(local_grads(model))
+            _finalize_manually(model, model, finish, x, before, after)
         grads.append(models.grads_of(model))
         opt.step()
     run = models.record(grads, models.params_of(model), [])
@@ -322,25 +326,24 @@ def pipeline(ctx, *, schedule: str = "ScheduleGPipe", feed: str = "torch") -> di
     runner = cls(stages if per_rank > 1 else stages[0], n_microbatches=MICROBATCHES, loss_fn=models.mse)
     x, y = models.batch(0, 2 * MICROBATCHES, ctx.device, width=models.IN)
     losses: list = []
-    kwargs = {}
-    if 0 in mine:
-        kwargs["args"] = (resolve(feed, _torch_feed, "pipeline feed")(x, MICROBATCHES),)
-    if count - 1 in mine:
-        kwargs.update(target=y, losses=losses)
-    runner.step(*kwargs.pop("args", ()), **kwargs)
+    first = (resolve(feed, _torch_feed, "pipeline feed")(x, MICROBATCHES),) if 0 in mine else ()
+    runner.step(*first, **({"target": y, "losses": losses} if count - 1 in mine else {}))
     names = [f"{i}.{name}" for i in mine for name, _ in model[i].named_parameters()]
     grads = {name: p.grad.detach().cpu().clone() for name, p in model.named_parameters() if name in names}
     run = models.record([grads], {}, [float(loss) for loss in losses])
 
-    def step_loss(m, xs, ys):
-        parts = [models.mse(m(xm), ym) for xm, ym in zip(xs.chunk(MICROBATCHES), ys.chunk(MICROBATCHES))]
-        (sum(parts) / MICROBATCHES).backward()
-        step_loss.parts = [float(p) for p in parts]
-        return sum(parts) / MICROBATCHES
+    parts: list = []
+
+    def step_loss(m, xs, ys):  # the unsplit model, its loss the mean of the micro-batches' (each recorded)
+        losses = [models.mse(m(xm), ym) for xm, ym in zip(xs.chunk(MICROBATCHES), ys.chunk(MICROBATCHES))]
+        parts.extend(float(loss) for loss in losses)
+        total = sum(losses) / MICROBATCHES
+        total.backward()
+        return total
 
     ref = models.train_reference(reference, [(x, y)], step_loss)
     ref = models.record([{n: g for n, g in ref["grads"][0].items() if n in names}], {},
-                        step_loss.parts if count - 1 in mine else [])
+                        parts if count - 1 in mine else [])
     return {"run": run, "reference": ref}
 
 
