@@ -89,6 +89,7 @@ def main() -> int:
 
                 env = {"RELAY_CALLBACK_URL": f"{loop.relay.url}/github/callback", "RELAY_AUDIENCE": AUDIENCE,
                        "NONCE": dispatch["client_payload"]["nonce"], "RUN_ID": str(index + 1), "RUN_ATTEMPT": "1",
+                       "RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1",  # the relay is on 127.0.0.1, plain http
                        **loop.issuer.actions_token_env(BACKEND_REPO, run_id=index + 1)}
                 report_path = Path(work) / "report.json"
                 report_path.write_text(json.dumps(conformance_report(BACKEND, git_version=sha)))

@@ -201,7 +201,9 @@ class Loop:
         token_env = self.issuer.actions_token_env(BACKEND_REPO, run_id=1)  # act numbers every run 1
         job_env = {
             **token_env, "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PYTHONPATH": sysconfig.get_paths()["purelib"], **(env or {}),
+            "PYTHONPATH": sysconfig.get_paths()["purelib"],
+            "RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1",  # the relay is served on 127.0.0.1 over plain http
+            **(env or {}),
         }
         command = [shutil.which("act", path=str(Path(sys.executable).parent)) or "act", "repository_dispatch",
                    "-e", str(event), "-W", str(workflows / "crcr.yml"), "-P", "ubuntu-latest=-self-hosted",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.callback import build_parser, conclusion_for, run_callback
+from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, conclusion_for, run_callback
 from relay.testing.flaky_proxy import DROP, FlakyProxy
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, TOKENS, report
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def job_env(relay_url: str, nonce: str, backend: str = "l4", run_id: int = 7001, **extra) -> dict[str, str]:
     env = {"RELAY_CALLBACK_URL": f"{relay_url}/github/callback", "RELAY_AUDIENCE": AUDIENCE, "NONCE": nonce,
            "RUN_ID": str(run_id), "RUN_ATTEMPT": "1", "RUN_URL": f"https://github.com/{REPOS[backend]}/actions/runs/{run_id}",
-           "GITHUB_ACTIONS": "true"}
+           "GITHUB_ACTIONS": "true", ALLOW_HTTP_LOOPBACK: "1"}
     if "ACTIONS_ID_TOKEN_REQUEST_URL" not in extra:
         env["RELAY_CALLBACK_TOKEN"] = TOKENS[backend]
     return {**env, **extra}
@@ -136,7 +136,8 @@ def test_completed_without_in_progress_sends_in_progress_first(sqlite_url, resul
 
 
 def test_no_credential_is_a_clear_error(capsys):
-    env = {"RELAY_CALLBACK_URL": "http://127.0.0.1:9/github/callback", "NONCE": "n" * 32, "RUN_ID": "1"}
+    env = {"RELAY_CALLBACK_URL": "http://127.0.0.1:9/github/callback", "NONCE": "n" * 32, "RUN_ID": "1",
+           ALLOW_HTTP_LOOPBACK: "1"}
     assert run_callback(build_parser().parse_args(["in-progress"]), env) == 1
     assert "give the job 'permissions: id-token: write'" in capsys.readouterr().err
 
