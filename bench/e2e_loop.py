@@ -39,6 +39,7 @@ from relay.testing.oidc_issuer import FakeOidcIssuer, new_rsa_key
 ROOT = Path(__file__).resolve().parents[1]
 CALLER = ROOT / "workflows" / "examples" / "crcr.yml"
 REUSABLE = ROOT / ".github" / "workflows" / "conformance.yml"
+ACT_STANDINS = ROOT / "workflows" / "act"  # offline stand-ins for the actions the reusable workflow uses
 BACKEND = "cpu"
 BACKEND_REPO = "org/cpu-ci"
 AUDIENCE = "crcr-e2e"
@@ -60,12 +61,15 @@ def sign(body: bytes) -> str:
     return "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
 
 
-def relay_backends(folder: Path, level: str = "L4") -> Path:
-    """The packaged cpu descriptor with a relay section: the relay's allowlist for the act job's repository."""
+def relay_backends(folder: Path, level: str = "L4", extra: dict[str, dict] | None = None) -> Path:
+    """The packaged cpu descriptor with a relay section: the relay's allowlist for the act job's repository;
+    ``extra`` adds descriptors by name (each with its own relay section)."""
     folder.mkdir(parents=True, exist_ok=True)
     descriptor = yaml.safe_load((ROOT / "backends" / "cpu.yaml").read_text())
     descriptor["relay"] = {"repository": BACKEND_REPO, "level": level}
     (folder / "cpu.yaml").write_text(yaml.safe_dump(descriptor, sort_keys=False))
+    for name, other in (extra or {}).items():
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
     return folder
 
 
@@ -89,8 +93,10 @@ class ActRun:
 class Loop:
     """One relay with its fakes, and a way to run the backend's workflow with act for a dispatch."""
 
-    def __init__(self, work: Path, *, upstream: str, app_mode: bool = False, fast: bool = True):
-        """``fast``: short dispatcher and label polls (tests); off, the relay's defaults (benchmarks)."""
+    def __init__(self, work: Path, *, upstream: str, app_mode: bool = False, fast: bool = True,
+                 extra_backends: dict[str, dict] | None = None):
+        """``fast``: short dispatcher and label polls (tests); off, the relay's defaults (benchmarks).
+        ``extra_backends``: more descriptors in the relay's allowlist, by name."""
         self.work = work
         self.upstream = upstream
         self.fake = FakeGitHub(tokens=(GITHUB_TOKEN,)).start()
@@ -99,7 +105,7 @@ class Loop:
         self.relay_log = work / "relay.log"
         env = {
             "RELAY_WEBHOOK_SECRETS": SECRET, "RELAY_GITHUB_API_URL": self.fake.url,
-            "RELAY_DATABASE_URL": f"sqlite:///{work / 'relay.db'}", "RELAY_BACKENDS_DIR": str(relay_backends(work / "allowlist")),
+            "RELAY_DATABASE_URL": f"sqlite:///{work / 'relay.db'}", "RELAY_BACKENDS_DIR": str(relay_backends(work / "allowlist", extra=extra_backends)),
             "RELAY_UPSTREAM_REPO": upstream, "RELAY_OIDC_ISSUER": self.issuer.url, "RELAY_OIDC_AUDIENCE": AUDIENCE,
             "RELAY_DASHBOARD_URL": "http://dashboard.e2e", "RELAY_LOG_LEVEL": "WARNING",
             "RELAY_GITHUB_CONTENT_REQUESTS_PER_MINUTE": "0",  # the fake has no content-creation limit
@@ -142,26 +148,27 @@ class Loop:
         assert answer.status_code in (200, 202), answer.text
         return delivery
 
-    def dispatch_of(self, delivery: str, timeout: float = 30) -> dict[str, Any]:
-        """The repository_dispatch body the fake GitHub recorded for ``delivery``."""
+    def dispatch_of(self, delivery: str, timeout: float = 30, repo: str = BACKEND_REPO) -> dict[str, Any]:
+        """The repository_dispatch body the fake GitHub recorded for ``delivery`` to ``repo``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for body in self.fake.dispatches(BACKEND_REPO):
+            for body in self.fake.dispatches(repo):
                 if body["client_payload"]["delivery"] == delivery:
                     return body
             time.sleep(0.02)
-        raise AssertionError(f"no dispatch of {delivery} to {BACKEND_REPO} within {timeout} s: {self.relay_log.read_text()[-2000:]}")
+        raise AssertionError(f"no dispatch of {delivery} to {repo} within {timeout} s: {self.relay_log.read_text()[-2000:]}")
 
     def run(self, pr_number: int) -> dict[str, Any]:
         """The PR page's API: the backend's runs on it (newest first)."""
         return httpx.get(f"{self.relay.url}/api/prs/{pr_number}", timeout=10).json()
 
-    def wait_run(self, pr_number: int, predicate, what: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_run(self, pr_number: int, predicate, what: str, timeout: float = 60,
+                 backend: str = BACKEND) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             answer = httpx.get(f"{self.relay.url}/api/prs/{pr_number}", timeout=10)
             if answer.status_code == 200:
-                runs = answer.json()["runs"].get(BACKEND) or []
+                runs = answer.json()["runs"].get(backend) or []
                 if runs and predicate(runs[0]):
                     return runs[0]
             time.sleep(0.05)
@@ -169,8 +176,13 @@ class Loop:
 
     # --- downstream -------------------------------------------------------------------------------
     def act(self, dispatch: dict[str, Any], *, name: str, env: dict[str, str] | None = None,
-            interrupt_when=None, timeout: float = 300) -> ActRun:
-        """Run the example caller for ``dispatch`` with act; ``interrupt_when(log so far)`` true sends act SIGINT."""
+            interrupt_when=None, timeout: float = 300, backend: str = BACKEND, backend_repo: str = BACKEND_REPO,
+            inputs: dict[str, Any] | None = None, files: dict[str, str] | None = None) -> ActRun:
+        """Run the example caller for ``dispatch`` with act; ``interrupt_when(log so far)`` true sends act SIGINT.
+
+        ``backend``/``backend_repo``: the caller's backend input and its repository (the OIDC token's);
+        ``inputs``: more inputs of the reusable workflow; ``files``: files of the caller's repository
+        (e.g. its own descriptor), which the checkout stand-in copies into the job's workspace."""
         repo = self.work / name
         workflows = repo / ".github" / "workflows"
         workflows.mkdir(parents=True)
@@ -178,37 +190,40 @@ class Loop:
         caller["on"] = caller.pop(True)  # YAML 1.1 reads the key `on` as True
         job = caller["jobs"]["conformance"]
         job["with"].update({
-            "relay-url": self.proxy.url, "audience": AUDIENCE, "backend": BACKEND,
+            "relay-url": self.proxy.url, "audience": AUDIENCE, "backend": backend,
             # The backend's install command: torch is preinstalled on this runner; the command shows which.
             "torch-install": 'python -c "import torch; print(\'torch\', torch.__version__, torch.version.git_version)"',
             "conformance-source": f"file://{ROOT}", "suites": SUITE, "select": SELECT,
             "python": sys.executable, "timeout-minutes": 15,
         })
+        job["with"].update(inputs or {})
         (workflows / "crcr.yml").write_text(yaml.safe_dump(caller, sort_keys=False))
+        for relative, content in (files or {}).items():
+            (repo / relative).parent.mkdir(parents=True, exist_ok=True)
+            (repo / relative).write_text(content)
         subprocess.run(["git", "init", "-q", str(repo)], check=True)
-        subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", f"https://github.com/{BACKEND_REPO}"], check=True)
+        subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", f"https://github.com/{backend_repo}"], check=True)
         event = self.work / f"{name}.event.json"
         event.write_text(json.dumps({"action": dispatch["event_type"], "client_payload": dispatch["client_payload"]}))
 
         uses_repo, _, rest = job["uses"].partition("/.github/")
         pinned = rest.rsplit("@", 1)[1]
-        cache_standin = self.work / "cache-action"
-        if not cache_standin.exists():  # act resolves every action up front, even one whose `if` is false
-            cache_standin.mkdir()
-            (cache_standin / "action.yml").write_text("name: cache (not run here)\nruns:\n  using: composite\n  steps: []\n")
-        cache_uses = next(s["uses"] for s in yaml.safe_load(REUSABLE.read_text())["jobs"]["conformance"]["steps"]
-                          if "uses" in s)
-        token_env = self.issuer.actions_token_env(BACKEND_REPO, run_id=1)  # act numbers every run 1
+        # act resolves every action up front, even one whose `if` is false: each gets its offline stand-in.
+        standins = {"actions/checkout": ACT_STANDINS / "checkout", "actions/cache": ACT_STANDINS / "cache"}
+        command = [shutil.which("act", path=str(Path(sys.executable).parent)) or "act", "repository_dispatch",
+                   "-e", str(event), "-W", str(workflows / "crcr.yml"), "-P", "ubuntu-latest=-self-hosted",
+                   "--local-repository", f"{uses_repo}@{pinned}={ROOT}"]
+        for step in yaml.safe_load(REUSABLE.read_text())["jobs"]["conformance"]["steps"]:
+            if "uses" in step:
+                command += ["--local-repository", f"{step['uses']}={standins[step['uses'].split('@')[0]]}"]
+        token_env = self.issuer.actions_token_env(backend_repo, run_id=1)  # act numbers every run 1
         job_env = {
             **token_env, "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "PYTHONPATH": sysconfig.get_paths()["purelib"],
             "RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1",  # the relay is served on 127.0.0.1 over plain http
+            "CONFORMANCE_ACT_CHECKOUT_FROM": str(repo),
             **(env or {}),
         }
-        command = [shutil.which("act", path=str(Path(sys.executable).parent)) or "act", "repository_dispatch",
-                   "-e", str(event), "-W", str(workflows / "crcr.yml"), "-P", "ubuntu-latest=-self-hosted",
-                   "--local-repository", f"{uses_repo}@{pinned}={ROOT}",
-                   "--local-repository", f"{cache_uses}={cache_standin}"]
         for key, value in job_env.items():
             command += ["--env", f"{key}={value}"]
         home = self.work / "home"

@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.callback import register as register_callback  # torch-free, stdlib HTTP
 
     register_callback(sub)
+    from conformance.preflight import register as register_preflight  # the CI job's checks before the suite
+
+    register_preflight(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,8 @@ from conformance.callback.delivery import MESSAGE_LIMIT, Delivery
 from conformance.callback.transport import CallbackFailed, RetryPolicy
 from conformance.callback.workflow_log import annotate
 
+# user:password@ (or a token@) in a URL (a private index in a pip log, say): never sent to the relay.
+_URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
 _DESCRIPTION = "Tell the relay this CI run started (in-progress) or how it ended (completed)."
 
 
@@ -67,17 +70,42 @@ def read_report(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def completed_body(run: Mapping[str, Any], conclusion: str, report_path: Path | None) -> dict[str, Any]:
-    """The ``completed`` body: the report when it is valid, else conclusion ``failure`` and the reason."""
+def _step_tail(step_log: Path | None, secrets: list[str], room: int) -> str:
+    """The last ``room`` characters of a step's log, secrets and URL credentials blotted out."""
+    if step_log is None or not step_log.is_file():
+        return ""
+    text = step_log.read_bytes()[-64 * 1024:].decode("utf-8", "replace")
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    text = _URL_CREDENTIALS.sub(r"\1***@", text).strip()
+    return text if len(text) <= room else "…" + text[-(room - 1):]
+
+
+def completed_body(run: Mapping[str, Any], conclusion: str, report_path: Path | None, *,
+                   failed_step: str | None = None, step_log: Path | None = None,
+                   secrets: list[str] | None = None) -> dict[str, Any]:
+    """The ``completed`` body: the report when it is valid, else conclusion ``failure`` and the reason.
+
+    ``failed_step`` names the job's step that failed (or was cancelled) before the suite could run; the
+    reason is then that step and the last lines of its log (``step_log``), ``secrets`` blotted out."""
     report, problem = read_report(report_path)
     body: dict[str, Any] = {**run, "state": "completed", "conclusion": conclusion}
     if report is not None:
         body["report"] = report
-    elif conclusion in ("success", "failure"):
+        return body
+    headline = problem
+    if failed_step:
+        ended = "was cancelled" if conclusion == "cancelled" else "failed"
+        headline = f"step '{failed_step}' {ended} before the suite ran"
+        tail = _step_tail(step_log, secrets or [], MESSAGE_LIMIT - len(headline) - 20)
+        problem = f"{headline}; its last lines:\n{tail}" if tail else headline
+    if conclusion in ("success", "failure"):
         # A success without a report proves nothing; a failure without one still says why.
         body["conclusion"] = "failure"
         body["message"] = problem[:MESSAGE_LIMIT]
-        annotate("error" if conclusion == "success" else "warning", f"{problem}; reporting conclusion failure")
+        annotate("error" if conclusion == "success" else "warning", f"{headline}; reporting conclusion failure")
+    elif failed_step:
+        body["message"] = problem[:MESSAGE_LIMIT]
     return body
 
 
@@ -115,6 +143,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     done.add_argument("--started-at", type=_optional(float), default=None,
                       help="the job's start (epoch seconds), for time-outs; empty or 0: unknown")
     done.add_argument("--timeout-minutes", type=float, default=None, help="the job's timeout-minutes")
+    done.add_argument("--failed-step", default="", help="the job's step that failed before the suite ran (its name)")
+    done.add_argument("--step-log", type=_optional(Path), default=None,
+                      help="that step's log: its last lines go to the relay with the conclusion")
 
 
 def run_callback(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
@@ -129,7 +160,10 @@ def run_callback(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         else:
             conclusion = conclusion_for(args.suite_outcome, args.job_status, started_at=args.started_at,
                                         timeout_minutes=args.timeout_minutes)
-            answer = delivery.report(completed_body(run, conclusion, args.report), run)
+            secrets = [env.get(name, "") for name in ("RELAY_CALLBACK_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")]
+            body = completed_body(run, conclusion, args.report, failed_step=args.failed_step or None,
+                                  step_log=args.step_log, secrets=secrets)
+            answer = delivery.report(body, run)
     except CallbackFailed as exc:
         annotate("error", str(exc))
         return 1
