@@ -1,4 +1,6 @@
-"""``POST /github/callback``: where a downstream run reports its state and its report.
+"""``POST /github/callback``: where a downstream run reports its state and its report; ``GET`` of the
+same URL publishes the limits a callback must fit (no credential: they are not secret), so a client can
+shorten a report before it sends it (``conformance callback`` does).
 
 Triggered by a backend repository's workflow (``.github/workflows/conformance.yml``): once with
 ``state: in_progress`` when the run starts, once with ``state: completed``, a ``conclusion`` and the
@@ -39,13 +41,14 @@ from typing import Annotated, Protocol
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from relay.results.oidc import AuthError, Caller
 from relay.results.receiver import CallbackAccepted, CallbackBody, CallbackRejected, CallbackService
 from relay.settings import Settings
 from relay.store import StoreUnavailable
 from relay.web.app_parts import app_parts
-from relay.web.request_body import BodyRefused, read_capped
+from relay.web.request_body import BodyRefused, drain, read_capped
 
 __all__ = ["rejection_handler", "router"]
 
@@ -79,6 +82,7 @@ async def verified_caller(request: Request) -> Caller:
         raise CallbackRejected(415, "unsupported_media_type", f"Content-Type {content_type or 'missing'!r}; send application/json")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > service.max_body_bytes:
+        await drain(request)  # so a client still sending reads this 413 instead of a reset connection
         raise CallbackRejected(
             413, "payload_too_large",
             f"body of {declared} bytes exceeds the limit of {service.max_body_bytes} bytes (RELAY_CALLBACK_MAX_BYTES)",
@@ -98,6 +102,23 @@ async def verified_caller(request: Request) -> Caller:
 
 
 router = APIRouter(tags=["callbacks"])
+
+
+class CallbackLimits(BaseModel):
+    """What a callback must fit: its body in bytes, its report's test count, one test's message length."""
+
+    max_bytes: int
+    max_tests: int
+    max_message_chars: int
+
+
+@router.get("/github/callback", response_model=CallbackLimits,
+            summary="the limits a callback must fit (RELAY_CALLBACK_MAX_BYTES, _MAX_TESTS, _MAX_MESSAGE_CHARS)")
+def callback_limits(request: Request) -> CallbackLimits:
+    service = _service(request)
+    return CallbackLimits(max_bytes=service.max_body_bytes, max_tests=service.report_limits.max_tests,
+                          max_message_chars=service.report_limits.max_message_chars)
+
 
 _ERRORS = {
     code: {"description": text, "content": {"application/json": {"example": {"error": "...", "detail": "..."}}}}

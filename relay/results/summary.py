@@ -125,6 +125,9 @@ def status_description(run: RunView, decision: Decision, split: Failures) -> str
         text = "running the conformance suite"
     else:
         text = _counts_line(run)
+        if not (run.summary or {}).get("counts") and run.reason:
+            # No report: the reason is all there is (the job's failed step, a missing report, ...).
+            text += f": {plain_text(run.reason.splitlines()[0])}"
         if split.quarantined:
             text += f"; {len(split.quarantined)} quarantined"
         if failures:

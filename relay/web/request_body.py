@@ -1,7 +1,10 @@
 """Reading a request body under a size cap, shared by the webhook intake and the callback endpoint.
 
-A declared ``Content-Length`` over the cap is refused before anything is read; a body that grows past
+A declared ``Content-Length`` over the cap is refused before anything is kept; a body that grows past
 the cap while streaming is refused as soon as it does, so an oversized upload never sits in memory.
+Before a 413 the rest of the body is read and thrown away (:func:`drain`, up to a bound): a client that
+is still sending would otherwise see its connection reset instead of the answer, and retry a body that
+can never fit. A client that sent ``Expect: 100-continue`` gets the 413 without being asked for its body.
 Bodies read before authentication share a byte budget (:class:`BodyBudget`, 503 when full), and every
 body has a deadline to arrive (408), so slow or stalled uploads cannot pile up.
 """
@@ -12,7 +15,12 @@ import asyncio
 
 from starlette.requests import Request
 
-__all__ = ["BodyBudget", "BodyRefused", "read_capped"]
+__all__ = ["BodyBudget", "BodyRefused", "drain", "read_capped"]
+
+# What is read and discarded before a 413, at most: enough for any honest client's oversized report
+# (the callback limit is 8 MiB by default), small enough that a flood costs bandwidth only for a while.
+DRAIN_BYTES = 64 * 1024 * 1024
+DRAIN_SECONDS = 10.0
 
 
 class BodyRefused(Exception):
@@ -51,6 +59,28 @@ class BodyBudget:
         self.used -= size
 
 
+async def drain(request: Request, already: int = 0) -> None:
+    """Read and discard what is left of ``request``'s body, up to :data:`DRAIN_BYTES` in all and
+    :data:`DRAIN_SECONDS`, so the answer that follows reaches a client still sending; nothing is kept.
+
+    A client waiting for ``100 Continue`` is not asked for its body; a body over the bound, or slower,
+    is left unread (the connection closes after the answer, as before)."""
+    if request.headers.get("expect", "").lower() == "100-continue":
+        return
+
+    async def discard() -> None:
+        size = already
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > DRAIN_BYTES:
+                return
+
+    try:
+        await asyncio.wait_for(discard(), DRAIN_SECONDS)
+    except (asyncio.TimeoutError, OSError, RuntimeError):  # slow, reset, or already read: nothing to drain
+        pass
+
+
 async def read_capped(request: Request, limit: int, setting: str, *, budget: BodyBudget | None = None,
                       timeout: float | None = None) -> bytes:
     """read_capped(request, limit, setting, budget=, timeout=) -> body; ``setting`` names the knob that sets ``limit``.
@@ -64,6 +94,7 @@ async def read_capped(request: Request, limit: int, setting: str, *, budget: Bod
         if not declared.isdigit():
             raise BodyRefused(400, "bad_request", "Content-Length is not a number")
         if int(declared) > limit:
+            await drain(request)
             raise BodyRefused(413, "payload_too_large",
                               f"body of {declared} bytes exceeds the limit of {limit} bytes ({setting})")
     reserved = 0
@@ -74,6 +105,7 @@ async def read_capped(request: Request, limit: int, setting: str, *, budget: Bod
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
+                await drain(request, size)
                 raise BodyRefused(413, "payload_too_large", f"body exceeds the limit of {limit} bytes ({setting})")
             if budget is not None and size > reserved:
                 budget.reserve(size - reserved)

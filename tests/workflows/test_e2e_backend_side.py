@@ -17,7 +17,7 @@ import yaml
 
 from relay.testing.github_openapi import default_description
 from tests.relay.helpers import PAYLOADS_DIR
-from tests.workflows.e2e_loop import ROOT, Loop, torch_git_version
+from bench.e2e_loop import ROOT, Loop, torch_git_version
 
 pytestmark = [
     pytest.mark.slow,
