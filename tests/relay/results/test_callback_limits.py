@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
+import urllib.error
 import urllib.parse
-from pathlib import Path
+import urllib.request
 
 import httpx
+import pytest
 
 from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, run_callback
+from relay.testing.relay_process import RelayProcess
 from tests.relay.conftest import wait_until
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS, TOKENS, report
@@ -26,39 +28,43 @@ def test_the_callback_url_publishes_its_limits(results_relay, sqlite_url):  # no
     assert answer.json() == {"max_bytes": 1_000_000, "max_tests": 500, "max_message_chars": 2_000}
 
 
-def _post_oversized(url: str, size: int, *, expect_continue: bool = False) -> tuple[int, dict]:
-    """POST ``size`` bytes to the callback URL over a plain socket, the whole body sent unless told to wait."""
-    parts = urllib.parse.urlsplit(url)
+@pytest.fixture
+def served(fake_github, tmp_path):
+    """``relay serve`` (a real process) with a callback limit of 1 MB."""
+    backends = tmp_path / "backends"
+    backends.mkdir()
+    env = {"RELAY_WEBHOOK_SECRETS": "s", "RELAY_GITHUB_TOKEN": "t", "RELAY_GITHUB_API_URL": fake_github.url,
+           "RELAY_DATABASE_URL": f"sqlite:///{tmp_path / 'relay.db'}", "RELAY_BACKENDS_DIR": str(backends),
+           "RELAY_CALLBACK_MAX_BYTES": "1000000"}
+    relay = RelayProcess(env, tmp_path / "relay.log").start()
+    yield relay
+    relay.stop()
+
+
+def test_an_oversized_body_gets_a_413_its_sender_can_read(served):
+    # As the callback client sends: urllib, the whole body at once. Unread, it would meet a reset
+    # connection (ECONNRESET) instead of the answer, and take that for a network error to retry.
+    request = urllib.request.Request(f"{served.url}/github/callback", data=b" " * (12 << 20), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": "Token x"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 413
+    assert json.loads(refused.value.read()) == {
+        "error": "payload_too_large",
+        "detail": "body of 12582912 bytes exceeds the limit of 1000000 bytes (RELAY_CALLBACK_MAX_BYTES)"}
+
+
+def test_a_sender_waiting_for_100_continue_gets_the_413_without_sending(served):
+    parts = urllib.parse.urlsplit(served.url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     connection.putrequest("POST", "/github/callback")
-    for key, value in {"Content-Type": "application/json", "Content-Length": str(size),
-                       "Authorization": f"Token {TOKENS['l4']}"}.items():
+    for key, value in {"Content-Type": "application/json", "Content-Length": str(12 << 20),
+                       "Authorization": "Token x", "Expect": "100-continue"}.items():
         connection.putheader(key, value)
-    if expect_continue:
-        connection.putheader("Expect", "100-continue")
-    connection.endheaders()
-    if not expect_continue:
-        chunk = b" " * (1 << 20)
-        for _ in range(size // len(chunk)):
-            connection.send(chunk)  # a reset connection raises here (ConnectionResetError, BrokenPipeError)
+    connection.endheaders()  # and no body: a 100 Continue would leave this waiting, not answered
     response = connection.getresponse()
-    status, body = response.status, json.loads(response.read())
+    assert (response.status, json.loads(response.read())["error"]) == (413, "payload_too_large")
     connection.close()
-    return status, body
-
-
-def test_an_oversized_body_gets_a_413_its_sender_can_read(results_relay, sqlite_url):  # noqa: F811
-    relay, _ = results_relay(sqlite_url, callback_max_bytes=1_000_000)
-    status, body = _post_oversized(relay.url, 12 << 20)
-    assert status == 413
-    assert body == {"error": "payload_too_large",
-                    "detail": "body of 12582912 bytes exceeds the limit of 1000000 bytes (RELAY_CALLBACK_MAX_BYTES)"}
-
-
-def test_a_sender_waiting_for_100_continue_gets_the_413_without_sending(results_relay, sqlite_url):  # noqa: F811
-    relay, _ = results_relay(sqlite_url, callback_max_bytes=1_000_000)
-    status, body = _post_oversized(relay.url, 12 << 20, expect_continue=True)
-    assert (status, body["error"]) == (413, "payload_too_large")
 
 
 def test_ten_thousand_failures_with_long_messages_reach_the_pr_first_failures_named(results_relay, sqlite_url,  # noqa: F811
