@@ -1,5 +1,5 @@
-"""Descriptor edits: a backend file's text with its level changed, or one quarantine entry removed, and
-every other byte (comments, order, quoting, anchors, line ends) kept.
+"""Descriptor edits: a backend file's text with its level changed, one quarantine entry removed, or a
+known failure given a torch bound, and every other byte (comments, order, quoting, anchors, line ends) kept.
 
 Used by the level-change proposals (:mod:`relay.levels.proposals`) on the text read from the descriptor
 repository. ruamel.yaml's round-trip parser finds where the ``relay`` section's keys and entries are;
@@ -18,9 +18,12 @@ from typing import Any
 
 import yaml
 from ruamel.yaml import YAML
+
+from conformance.descriptors import torch_in_bound
 from ruamel.yaml.error import YAMLError as RoundTripError
 
-__all__ = ["DescriptorEditError", "remove_quarantine_entry", "set_level"]
+__all__ = ["DescriptorEditError", "bound_known_failure", "bound_known_failure_before", "remove_quarantine_entry",
+           "set_level"]
 
 # A YAML scalar as written on a line: quoted, or plain up to a comment or the end of the line.
 _SCALAR = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^']|'')*'|[^\s#][^#\n\r]*?(?=\s*(?:#|$))")
@@ -158,3 +161,57 @@ def remove_quarantine_entry(text: str, match: str, *, where: str = "descriptor")
             del section["quarantine"]
 
     return _checked(text, "".join(lines), change, where)
+
+
+def bound_known_failure(text: str, match: str, torch: str, *, where: str = "descriptor") -> str:
+    """``text`` with the first ``known_failures`` entry whose ``match`` is ``match`` given ``torch: "<torch>"``
+    (the value replaced when the entry has one). Works on block entries (``- match: ...`` lines) and on
+    one-line flow entries (``- {match: ..., reason: ...}``). DescriptorEditError when there is no such entry."""
+    data = _roundtrip(text, where)
+    entries = data.get("known_failures") if hasattr(data, "get") else None
+    index = next((i for i, e in enumerate(entries or []) if hasattr(e, "get") and e.get("match") == match), None)
+    if index is None:
+        raise DescriptorEditError(f"{where}: known_failures has no entry with match {match!r}")
+    entry = entries[index]
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines[-1] += _line_end(lines)
+    value = '"' + torch.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if "torch" in entry:
+        line, column = entry.lc.value("torch")
+        _replace_value(lines, line, column, value, where, "torch")
+    elif entry.fa.flow_style():
+        first, _ = entry.lc.key("match")
+        closing = lines[first].rfind("}")
+        if closing < 0:
+            raise DescriptorEditError(f"{where}: line {first + 1}: the known failure {match!r} spans several "
+                                      "lines in flow style; edit the file by hand")
+        lines[first] = lines[first][:closing].rstrip() + f", torch: {value}" + lines[first][closing:]
+    else:
+        key_line, key_column = entry.lc.key("match")
+        line_item, _ = entries.lc.item(index)
+        dash = lines[line_item].rfind("-", 0, key_column) if line_item == key_line else -1
+        end = _entry_lines(lines, line_item, dash if dash >= 0 else key_column - 2)
+        indent = " " * key_column
+        lines.insert(end, f"{indent}torch: {value}{_line_end(lines)}")
+    result = "".join(lines)
+    if not text.endswith(("\n", "\r")):
+        result = result.rstrip("\r\n")
+    expected = copy.deepcopy(_plain(text, where))
+    next(e for e in expected["known_failures"] if isinstance(e, dict) and e.get("match") == match)["torch"] = torch
+    if _plain(result, where) != expected:
+        raise DescriptorEditError(f"{where}: bounding the known failure {match!r} would change more than intended "
+                                  "(an unusual layout); edit the file by hand")
+    return result
+
+
+def bound_known_failure_before(text: str, match: str, fixed_in: str, *, where: str = "descriptor") -> str:
+    """``text`` with ``match``'s known failure bounded to torch before ``fixed_in`` (``<fixed_in`` joined to
+    the bound it has); unchanged when the entry is gone or its bound already leaves ``fixed_in`` out
+    (the change was merged, or made by hand)."""
+    entries = (_plain(text, where) or {}).get("known_failures") or []
+    entry = next((e for e in entries if isinstance(e, dict) and e.get("match") == match), None)
+    current = entry.get("torch") if entry else None
+    if entry is None or (isinstance(current, str) and not torch_in_bound(current, fixed_in)):
+        return text
+    return bound_known_failure(text, match, f"{current},<{fixed_in}" if current else f"<{fixed_in}", where=where)

@@ -14,10 +14,14 @@ What is proposed:
   watch, :mod:`relay.store.level_holds`) has had it below its bar, without a break, for
   ``RELAY_PROPOSALS_DEMOTE_AFTER_SECONDS``;
 * the **release** of a quarantine entry once every test it matches that ran in the last
-  ``RELEASE_WINDOW_DAYS`` has passed its newest :data:`relay.trust.RELEASE_AFTER_PASSES` results.
+  ``RELEASE_WINDOW_DAYS`` has passed its newest :data:`relay.trust.RELEASE_AFTER_PASSES` results;
+* a **torch bound** for a known failure (``torch: "<V"``, joined to the bound it has) once a run of a
+  push to upstream's main branch, on the dispatched commit's torch V, passed tests that the entry says
+  fail (its unexpected passes, :mod:`relay.results.fixed_entries`): torch fixed it in V.
 
-One subject (a backend's level, or one quarantine entry of a backend) has one deterministic branch
-(``relay/level/<backend>``, ``relay/quarantine-release/<backend>/<digest of the match>``) and at most one
+One subject (a backend's level, one quarantine entry or one known failure of a backend) has one
+deterministic branch (``relay/level/<backend>``, ``relay/quarantine-release/<backend>/<digest of the
+match>``, ``relay/known-failure-bound/<backend>/<digest of the match>``) and at most one
 open pull request: a later pass updates that branch's file and the pull request's title and body, so
 the state lives in GitHub and survives restarts. When the reason goes away (the review no longer
 recommends it, the tests fail again), the relay closes its pull request and says why in the body.
@@ -44,11 +48,17 @@ from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter
 
+from packaging.version import InvalidVersion, Version
+
 from relay import trust
-from relay.levels.descriptor_text import DescriptorEditError, remove_quarantine_entry, set_level
+from relay.levels.descriptor_text import (
+    DescriptorEditError, bound_known_failure_before, remove_quarantine_entry, set_level,
+)
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError, RepositoryFile
 from relay.levels.review import CriterionResult, recommend
 from relay.periodic import PeriodicThread, RunsPeriodically
+from relay.results import fixed_entries
+from relay.results.fixed_entries import FixedEntry
 from relay.results.summary import md_code
 from relay.store.base import utcnow
 from relay.store.level_holds import LevelHold
@@ -56,7 +66,7 @@ from relay.trust import BackendTarget, QuarantinedTest
 
 __all__ = [
     "ACTIONS", "ProposalClient", "ProposalOutcome", "Proposer", "RELEASE_WINDOW_DAYS",
-    "level_branch", "release_branch",
+    "UPSTREAM_MAIN_REF", "bound_branch", "level_branch", "release_branch",
 ]
 
 log = logging.getLogger("relay.proposals")
@@ -65,6 +75,8 @@ ACTIONS = ("opened", "updated", "unchanged", "closed", "declined", "applied", "n
 RELEASE_WINDOW_DAYS = 30  # tests of a quarantine entry that ran this recently must all pass
 EVIDENCE_ROWS = 20  # tests listed in a release's body (GitHub takes at most 65 536 characters)
 MARK = "<!-- relay-proposal: {key} -->"
+# Pushes here are upstream's main branch: a known failure passing there is fixed in torch itself.
+UPSTREAM_MAIN_REF = "refs/heads/main"
 CLOSED_MARK = "<!-- relay-proposal-closed -->"
 
 
@@ -97,6 +109,10 @@ def release_branch(backend: str, match: str) -> str:
     return f"relay/quarantine-release/{backend}/{hashlib.sha256(match.encode()).hexdigest()[:12]}"
 
 
+def bound_branch(backend: str, match: str) -> str:
+    return f"relay/known-failure-bound/{backend}/{hashlib.sha256(match.encode()).hexdigest()[:12]}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Proposal:
     """The change wanted on one subject's branch, and how it is explained."""
@@ -112,7 +128,7 @@ class Proposal:
 class Subject:
     """One thing that has at most one open proposal: a backend's level, or one of its quarantine entries."""
 
-    kind: str  # level | release
+    kind: str  # level | release | bound
     backend: str
     branch: str
     path: str
@@ -214,6 +230,32 @@ def _release_proposal(target: BackendTarget, entry: QuarantinedTest, path: str, 
     )
 
 
+def _bound_proposal(target: BackendTarget, entry: FixedEntry, fixed_in: str, runs: Sequence, path: str, *,
+                    dashboard_url: str) -> Proposal:
+    key = f"bound {target.name} {entry.match} <{fixed_in}"
+    lines = [
+        MARK.format(key=key),
+        f"The relay proposes to bound the known failure {md_code(entry.match)} of **{target.name}** to torch "
+        f"before {md_code(fixed_in)}: on pushes to upstream's main branch, on that torch, tests it covers pass.", "",
+        f"The entry: {md_code(entry.reason)} ({md_code(entry.link)})"
+        + (f", bounded today to {md_code(entry.torch)}" if entry.torch else "") + ".", "",
+        "| run | torch | tests that passed |", "|---|---|---|",
+    ]
+    for run, tests in runs[:EVIDENCE_ROWS]:
+        lines.append(f"| [{run.id}]({dashboard_url}/runs/{run.id}) | {md_code(run.torch_version, in_table=True)} | "
+                     f"{', '.join(md_code(t, in_table=True) for t in tests[:5])}{' ...' if len(tests) > 5 else ''} |")
+    lines += ["", f"This adds `<{fixed_in}` to that entry's `torch` bound in `{path}`; nothing else in the file "
+              "changes. Older torches still get the entry; this one and later ones run the tests for real.",
+              *_footer(dashboard_url, target.name)]
+    return Proposal(
+        key=key,
+        title=f"{target.name}: known failure {entry.match[:120]} is fixed in torch {fixed_in}",
+        body="\n".join(lines),
+        commit_message=f"{target.name}: bound {entry.match} to torch <{fixed_in} (passes on upstream main)",
+        edit=lambda text: bound_known_failure_before(text, entry.match, fixed_in, where=path),
+    )
+
+
 # --- the pass ------------------------------------------------------------------------------------
 class Proposer(RunsPeriodically):
     """Proposer(store, github, targets, repository=..., criteria=...): one pass with ``propose_once()``."""
@@ -266,7 +308,32 @@ class Proposer(RunsPeriodically):
             out.append(self._level_subject(target, runs, now))
             out.extend(self._release_subject(target, entry, now)
                        for entry in target.quarantine if entry.applies_on(now.date()))
+            out.extend(self._bound_subjects(target, runs))
         return out
+
+    def _bound_subjects(self, target: BackendTarget, runs) -> list[Subject]:
+        """One subject per known failure that completed runs of pushes to upstream's main, on the
+        dispatched commit's torch, found fixed; bounded before the oldest torch that passed."""
+        mains = {r.id: r for r in runs if r.backend == target.name and r.event == "push"
+                 and r.head_ref == UPSTREAM_MAIN_REF and r.state == "completed" and r.provenance == "matched"
+                 and r.torch_version}
+        if not mains:
+            return []
+        evidence: dict[str, tuple[FixedEntry, list]] = {}
+        for run in sorted(mains.values(), key=lambda r: r.id):
+            for entry in fixed_entries.of_run(run):
+                evidence.setdefault(entry.match, (entry, []))[1].append((run, list(entry.tests)))
+        path = self.path_of(target.name)
+        subjects = []
+        for match, (entry, seen) in evidence.items():
+            try:
+                fixed_in = min((Version(Version(run.torch_version).public) for run, _ in seen))
+            except InvalidVersion:
+                continue  # a torch version the bound could not be written for
+            wanted = _bound_proposal(target, entry, str(fixed_in), seen, path, dashboard_url=self.dashboard_url)
+            subjects.append(Subject("bound", target.name, bound_branch(target.name, match), path, wanted,
+                                    "no push to upstream's main shows it fixed any more"))
+        return subjects
 
     def _level_subject(self, target: BackendTarget, runs, now: dt.datetime) -> Subject:
         path = self.path_of(target.name)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from conformance.report import ReportValidationError, validate_report
 
 from relay.web.json_input import JsonRefused, load_json
+from relay.results import fixed_entries
 from relay.results.oidc import Caller, CallerAuth
 from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store.results_operations import CallbackUpdate
@@ -230,6 +231,7 @@ class CallbackService:
                 "suites": {suite: counts.model_dump() for suite, counts in report.suites().items()},
                 "world_size": report.backend.world_size,
                 "torch_git_version": report.torch.git_version,
+                "fixed": fixed_entries.summarize(report),  # known failures it found fixed (its unexpected passes)
             }
             tests = [NewTestResult(t.nodeid, t.suite, t.outcome, t.duration, t.message) for t in report.tests]
             torch_version, torch_git_version = report.torch.version, report.torch.git_version

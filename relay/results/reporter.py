@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError
 from relay.periodic import PeriodicThread, RunsPeriodically
+from relay.results import fixed_entries
 from relay.results.summary import check_title, github_time, md_code, status_description, summary_markdown
 from relay.results.verdict import Decision, Failures, decide, withdraw
 from relay.store.base import utcnow
@@ -120,11 +121,12 @@ class Reporter:
         run, previous = pending.run, pending.previous
         target = self.targets.get(run.backend)
         decision = None if target is None else decide(run, target, pending.labels)
-        split = Failures()
+        split, fixed = Failures(), ()
         if decision is not None and decision.final:
             # A blocking level's check asks whether a level hold suspends it (at the decision: from the next run on).
             hold = self.store.current_level_hold(run.backend) if target.blocks else None
             split = Failures.split(target, self.store.test_results([run.id], FAILING_OUTCOMES), utcnow().date())
+            fixed = fixed_entries.of_run(run)
             decision = decide(run, target, pending.labels, only_quarantined=split.only_quarantined(run), hold=hold)
         versions = {"run_updated_at": run.updated_at, "labels_recorded_at": pending.labels_recorded_at,
                     "level_changed_at": _level_version(pending, target)}
@@ -142,7 +144,7 @@ class Reporter:
                     last_error=previous.last_error if previous else None, **versions)
             return outcome
         try:
-            external_id = self._write(run, decision, split, previous.external_id if previous else None)
+            external_id = self._write(run, decision, split, previous.external_id if previous else None, fixed)
         except PermanentError as exc:
             log.warning("permanent GitHub error while reporting; not retried", extra={
                 "run": run.id, "backend": run.backend, "error": exc.message})
@@ -153,13 +155,14 @@ class Reporter:
                                              "mode": self.mode})
         return "reported"
 
-    def _write(self, run: RunView, decision: Decision, split: Failures, check_run_id: int | None) -> int | None:
+    def _write(self, run: RunView, decision: Decision, split: Failures, check_run_id: int | None,
+               fixed: tuple[fixed_entries.FixedEntry, ...] = ()) -> int | None:
         name = f"crcr/{run.backend}"
         details = self.details_url(run)
         if self.mode == STATUS:
             self.github.create_status(
                 run.upstream_repository, run.head_sha, _status_state(decision), context=name,
-                description=status_description(run, decision, split),
+                description=status_description(run, decision, split, fixed),
                 target_url=self.review_url(run.backend) if decision.hold is not None else details,
             )
             return None
@@ -176,7 +179,7 @@ class Reporter:
             fields["completed_at"] = github_time(run.finished_at or utcnow())
             fields["output"] = {
                 "title": f"{name}: {check_title(run, split)}"[:255],
-                "summary": summary_markdown(run, split, details, decision.hold, self.review_url(run.backend)),
+                "summary": summary_markdown(run, split, details, decision.hold, self.review_url(run.backend), fixed),
             }
         if check_run_id is None:
             result = self.github.create_check_run(run.upstream_repository, name=name, head_sha=run.head_sha, **fields)

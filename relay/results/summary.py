@@ -17,12 +17,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from relay.results.fixed_entries import FixedEntry
 from relay.results.verdict import Decision, Failures
 from relay.store.runs import RunView
 from relay.trust import HeldBelowBar
 
-__all__ = ["DESCRIPTION_MAX_CHARS", "FIRST_FAILURES", "SUMMARY_MAX_CHARS", "check_title", "github_time", "held_line", "md_code",
-           "plain_text", "status_description", "summary_markdown"]
+__all__ = ["DESCRIPTION_MAX_CHARS", "FIRST_FAILURES", "SUMMARY_MAX_CHARS", "check_title", "fixed_phrase", "github_time",
+           "held_line", "md_code", "plain_text", "status_description", "summary_markdown"]
 
 FIRST_FAILURES = 10
 SUMMARY_MAX_CHARS = 65_000  # GitHub allows 65 535
@@ -76,8 +77,30 @@ def held_line(hold: HeldBelowBar, review_url: str) -> str:
             f"({md_code(hold.reason)}); level review: {review_url}")
 
 
+def _fixed_lines(run: RunView, fixed: tuple[FixedEntry, ...]) -> list[str]:
+    """What this run found fixed: each known failure of the backend whose tests now pass (news, not a failure)."""
+    if not fixed:
+        return []
+    tests = sum(entry.count for entry in fixed)
+    lines = ["", f"**Fixes {len(fixed)} known failure(s) of `{run.backend}`** ({tests} test(s) listed as failing "
+             "there now pass; the backend's descriptor should bound or remove each entry):", ""]
+    for entry in fixed[:FIRST_FAILURES]:
+        bound = f", bound {md_code(entry.torch)}" if entry.torch else ""
+        lines.append(f"- {md_code(entry.match)}: {md_code(entry.reason)} ({md_code(entry.link)}{bound}); "
+                     f"{entry.count} test(s)" + (f", first {md_code(entry.tests[0])}" if entry.tests else ""))
+    if len(fixed) > FIRST_FAILURES:
+        lines.append(f"- and {len(fixed) - FIRST_FAILURES} more entries")
+    return lines
+
+
+def fixed_phrase(fixed: tuple[FixedEntry, ...]) -> str:
+    """``fixes known failure <match>`` (and how many more), for one-line texts."""
+    more = f" and {len(fixed) - 1} more" if len(fixed) > 1 else ""
+    return f"fixes known failure {plain_text(fixed[0].match)}{more}" if fixed else ""
+
+
 def summary_markdown(run: RunView, split: Failures, details_url: str, hold: HeldBelowBar | None = None,
-                     review_url: str = "") -> str:
+                     review_url: str = "", fixed: tuple[FixedEntry, ...] = ()) -> str:
     failures = list(split.blocking)
     lines = [f"**{_counts_line(run)}** on `{run.backend}`; {_quarantined_line(split)}"]
     if run.torch_version:
@@ -105,6 +128,7 @@ def summary_markdown(run: RunView, split: Failures, details_url: str, hold: Held
                 # A fenced block is literal text; its fence outgrows any backtick run of the message.
                 fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", message)), default=0))
                 lines += [f"  {fence}", *("  " + m for m in message.splitlines()[:15]), f"  {fence}"]
+    lines += _fixed_lines(run, fixed)
     if split.quarantined:
         lines += ["", f"Quarantined failing tests (non-blocking; {len(split.quarantined)}):", ""]
         for failure, entry in split.quarantined[:FIRST_FAILURES]:
@@ -115,7 +139,7 @@ def summary_markdown(run: RunView, split: Failures, details_url: str, hold: Held
     return text if len(text) <= SUMMARY_MAX_CHARS else text[: SUMMARY_MAX_CHARS - 20] + "\n\n(cut)"
 
 
-def status_description(run: RunView, decision: Decision, split: Failures) -> str:
+def status_description(run: RunView, decision: Decision, split: Failures, fixed: tuple[FixedEntry, ...] = ()) -> str:
     failures = split.blocking
     if decision.withdrawn:
         text = f"neutral: {decision.withdrawn}"
@@ -132,6 +156,8 @@ def status_description(run: RunView, decision: Decision, split: Failures) -> str
             text += f"; {len(split.quarantined)} quarantined"
         if failures:
             text += f"; first: {plain_text(failures[0].test_id)}"
+        if fixed:
+            text += f"; {fixed_phrase(fixed)}"
         if run.provenance_problem:
             text = plain_text(run.provenance_problem.split(" (")[0]) + f"; {text}"
         if decision.conclusion == "neutral":
