@@ -66,7 +66,7 @@ class BackendInfo(_Model):
 
 
 class TorchInfo(_Model):
-    version: str
+    version: str = Field(max_length=100, description="torch.__version__ (bounded like the relay's runs.torch_version)")
     git_version: str = Field(description="the git revision torch was built from")
 
 

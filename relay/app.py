@@ -26,7 +26,7 @@ from relay.intake import routes as intake_routes
 from relay.parts import build_parts
 from relay.results import routes as callback_routes
 from relay.settings import Settings
-from relay.store import StoreUnavailable
+from relay.store import StoreRefused, StoreUnavailable
 from relay.web import health, security_headers
 
 __all__ = ["create_app"]
@@ -65,6 +65,7 @@ def create_app(settings: Settings, *, github: DispatchSender | None = None) -> F
     app.add_exception_handler(intake_routes.WebhookRejected, intake_routes.rejection_handler)
     app.add_exception_handler(callback_routes.CallbackRejected, callback_routes.rejection_handler)
     app.add_exception_handler(StoreUnavailable, health.store_unavailable_handler)
+    app.add_exception_handler(StoreRefused, health.store_refused_handler)
 
     app.include_router(intake_routes.router)
     app.include_router(health.router)

@@ -1,5 +1,5 @@
-"""The ``relay`` command: ``relay serve [--host] [--port]``, ``relay levels review|propose [--json]`` and
-``relay levels restore <backend> --reason TEXT``.
+"""The ``relay`` command: ``relay serve [--host] [--port]``, ``relay levels review|propose [--json]``,
+``relay levels restore <backend> --reason TEXT`` and ``relay quarantined list|retry <worker> <subject>``.
 
 Triggered from the shell. Reads the settings (environment, ``RELAY_CONFIG_FILE``); a bad setting
 stops start-up with a message naming it (exit 2). Each subcommand is a function registered with
@@ -81,6 +81,34 @@ def levels(args: argparse.Namespace) -> int:
     from relay.levels.commands import levels_command
 
     return levels_command(args)
+
+
+def _quarantined_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="the rows set aside, newest first, with their errors")
+    listing.add_argument("--limit", type=int, default=100)
+    retry = actions.add_parser("retry", help="let the passes try one row again (after fixing what it raised)")
+    retry.add_argument("worker", help="the pass: run_rows, time_outs, re-runs, ...")
+    retry.add_argument("subject", help="the row, as listed: 'dispatch 17', 'delivery <id>', ...")
+
+
+@subcommand("quarantined", "rows background passes set aside: list them, or retry one", _quarantined_arguments)
+def quarantined(args: argparse.Namespace) -> int:
+    from relay.store import Store
+
+    store = Store(load_settings().database_url)
+    try:
+        if args.action == "list":
+            for entry in store.quarantined(args.limit):
+                print(f"{entry.quarantined_at.isoformat()}  {entry.worker}  {entry.subject}  {entry.error}")
+            return 0
+        if store.release_quarantined(args.worker, args.subject):
+            print(f"{args.worker} {args.subject}: released; the next pass tries it again")
+            return 0
+        print(f"relay quarantined: {args.worker} {args.subject!r} is not set aside", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
 
 
 def build_parser() -> argparse.ArgumentParser:

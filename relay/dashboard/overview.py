@@ -2,7 +2,8 @@
 
 Each row is one upstream change (a PR head or a pushed commit), newest first; each cell the outcome of
 that backend's latest run on it, coloured; each column header shows the backend's level and the level
-review's recommendation. Reads runs and the level review; writes nothing.
+review's recommendation; below, how many rows each background pass set aside. Reads runs, the level
+review and the quarantine counts; writes nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Overview(BaseModel):
     backends: list[BackendColumn]
     hidden_backends: list[str]
     rows: list[Row]
+    # Rows background passes set aside, per pass (their errors: /api/quarantine; retry: relay quarantined retry).
+    set_aside: dict[str, int] = {}
 
 
 def build(ctx: DashboardContext, limit: int) -> Overview:
@@ -67,7 +70,8 @@ def build(ctx: DashboardContext, limit: int) -> Overview:
                                   head_sha=run.head_sha, head_ref=run.head_ref, dispatched_at=iso(run.dispatched_at),
                                   cells={})
         row.cells.setdefault(run.backend, Cell(run=run.id, outcome=run.outcome))  # newest run wins
-    return Overview(upstream=ctx.upstream, backends=columns, hidden_backends=list(ctx.hidden), rows=list(rows.values()))
+    return Overview(upstream=ctx.upstream, backends=columns, hidden_backends=list(ctx.hidden), rows=list(rows.values()),
+                    set_aside=ctx.store.quarantine_counts())
 
 
 @router.get("/api/overview", response_model=Overview, tags=["dashboard API"])

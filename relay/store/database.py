@@ -17,6 +17,9 @@ busy timeout; on PostgreSQL the connect timeout, ``statement_timeout`` and ``loc
 by the server) and TCP keepalives (a vanished server breaks the connection instead of hanging it); the
 pool's wait for a free connection. A *frozen* server (SIGSTOP, a stalled disk) enforces none of its own
 timeouts, which is why intake and ``/readyz`` also put a deadline on their wait (see ``Store``).
+
+Both engines write text by one rule (:mod:`relay.store.storable_text`): U+0000, which PostgreSQL
+cannot hold, is written and looked for as U+FFFD.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
+
+from relay.store import storable_text
 
 __all__ = ["MIGRATIONS_DIR", "READ_ONLY", "create_store_engine", "normalise_url", "run_migrations"]
 
@@ -65,6 +70,7 @@ def create_store_engine(url: str, deadline_seconds: float = 5.0) -> Engine:
             pool_timeout=deadline_seconds,
         )
         _tune_sqlite(engine, deadline_seconds)
+        storable_text.install(engine)
         return engine
     if backend == "postgresql":
         engine = create_engine(
@@ -76,6 +82,7 @@ def create_store_engine(url: str, deadline_seconds: float = 5.0) -> Engine:
             },
         )
         _tune_postgresql(engine, deadline_seconds)
+        storable_text.install(engine)
         return engine
     raise ValueError(f"RELAY_DATABASE_URL: unsupported database {backend!r}; use sqlite:/// or postgresql://")
 

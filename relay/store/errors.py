@@ -4,6 +4,9 @@
 knowing SQLAlchemy; constraint violations (``IntegrityError``) pass through for the caller to judge.
 Intake's group commit tells the two apart per webhook: :class:`StoreUnavailable` (the database could not
 answer: an outage, a time-out) or :class:`StoreRefused` (it answered, and refused this webhook's rows).
+A value the database refuses (``DataError``: longer than its column, out of its type's range) is a
+:class:`StoreRefused` naming the field everywhere (a 422 for the caller, never a 503): retrying it
+cannot help, so it must not look like an outage.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import functools
 
 from sqlalchemy import exc as sa_exc
 
-__all__ = ["StoreRefused", "StoreUnavailable", "describe", "guarded", "is_outage"]
+__all__ = ["StoreRefused", "StoreUnavailable", "describe", "guarded", "is_outage", "refusal"]
 
 
 class StoreUnavailable(RuntimeError):
@@ -40,6 +43,18 @@ def describe(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {first_line}"
 
 
+def refusal(exc: BaseException, subject: str = "a value", prefix: str = "") -> StoreRefused:
+    """The :class:`StoreRefused` for rows the database refused, naming the field where it can."""
+    from relay.store.base import Base
+    from relay.store.storable_text import refused_field
+
+    field = refused_field(exc, Base.metadata)
+    named = f" (field {field})" if field else ""
+    refused = StoreRefused(f"{prefix}the database refused {subject}{named}: {describe(exc)}")
+    refused.__cause__ = exc
+    return refused
+
+
 def guarded(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -47,6 +62,8 @@ def guarded(method):
             return method(self, *args, **kwargs)
         except sa_exc.IntegrityError:
             raise
+        except sa_exc.DataError as exc:
+            raise refusal(exc) from exc
         except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
             raise StoreUnavailable(f"store {self.safe_url} unavailable: {describe(exc)}") from exc
 

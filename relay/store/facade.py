@@ -27,7 +27,7 @@ from relay.store import (
 )
 from relay.store.base import utcnow
 from relay.store.database import READ_ONLY, create_store_engine, normalise_url, run_migrations
-from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage
+from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage, refusal
 from relay.store.group_commit import GroupCommitter, WriterClosed
 from relay.store.results_operations import ResultsOperations
 
@@ -188,9 +188,7 @@ class Store(ResultsOperations):
                 return [StoreUnavailable(message) for _ in writes]
             if len(writes) > 1:
                 return [outcome for write in writes for outcome in self._write_deliveries([write])]
-            refused = StoreRefused(f"delivery {writes[0].delivery.delivery_id}: the database refused its rows: {describe(exc)}")
-            refused.__cause__ = exc
-            return [refused]
+            return [refusal(exc, "its rows", prefix=f"delivery {writes[0].delivery.delivery_id}: ")]
 
     @staticmethod
     def _insert_deliveries(connection: Connection, writes: Sequence[_IntakeWrite]) -> list[bool]:

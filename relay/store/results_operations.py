@@ -73,7 +73,8 @@ class ResultsOperations:
         A report of more than ``per_test_results.CHUNK_ROWS`` tests is written in chunks first, each in a
         transaction of its own (intake's writes go in between), as a result batch the final transition
         commits (see ``result_batches``); a crash in between leaves its chunks invisible, and the sweeper
-        deletes them once the run is final. A refused transition discards the batch it wrote.
+        deletes them once the run is final. A refused transition, a value the database refuses or an
+        outage discards the batch it wrote (where the store still answers).
         """
         tests = tuple(update.tests)
         if update.target is RunState.in_progress or len(tests) <= per_test_results.CHUNK_ROWS:
@@ -86,7 +87,8 @@ class ResultsOperations:
                     result_batches.write_chunk(session, batch.id, run, tests[start:start + per_test_results.CHUNK_ROWS],
                                                batch.opened_at)
             return self._finish_run(update, tests, batch=batch)
-        except TransitionRefused:  # result_batches.BatchGone included
+        except Exception:  # a refused transition (result_batches.BatchGone included), a refused value, an outage
+            # Its chunks are invisible either way; deleting them now keeps a retried report from piling up.
             self._discard_result_batch(batch.id, batch.run_pk)
             raise
 

@@ -19,10 +19,10 @@ from pydantic import BaseModel, Field
 
 from relay.metrics import Metrics
 from relay.settings import Settings
-from relay.store import Store, StoreUnavailable
+from relay.store import Store, StoreRefused, StoreUnavailable
 from relay.web.app_parts import app_parts
 
-__all__ = ["router", "store_unavailable_handler"]
+__all__ = ["router", "store_refused_handler", "store_unavailable_handler"]
 
 
 class _Workers(Protocol):
@@ -48,6 +48,12 @@ router = APIRouter(tags=["observability"])
 def store_unavailable_handler(_request: Request, exc: StoreUnavailable) -> JSONResponse:
     """Any route (the dashboard's included) whose store call failed or ran past the deadline: 503, not 500."""
     return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
+
+
+def store_refused_handler(_request: Request, exc: StoreRefused) -> JSONResponse:
+    """Any route whose value the database refused (a field longer than its column, out of range): the
+    caller's data is at fault and retrying cannot help, so 422 naming the field, never 503."""
+    return JSONResponse({"error": "store_refused", "detail": str(exc)}, status_code=422)
 
 
 @router.get("/healthz")
