@@ -143,7 +143,7 @@ def build_results_side(settings, *, allowlist, store, github: Any, metrics, disp
     limiter = RateLimiter(settings.callback_rate_per_minute, settings.callback_rate_burst)
     limits = ReportLimits(max_tests=settings.callback_max_tests, max_message_chars=settings.callback_max_message_chars)
     callbacks = CallbackService(store=store, auth=auth, limiter=limiter, max_body_bytes=settings.callback_max_bytes,
-                                report_limits=limits)
+                                report_limits=limits, max_attempts=settings.callback_max_attempts)
     reporter = reporting = None
     if settings.reporting_enabled:
         reporter = Reporter(store, github, {t.name: t for t in allowlist}, mode=CHECK_RUN if settings.uses_github_app else STATUS,

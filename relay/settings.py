@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     callback_max_message_chars: int = Field(
         16_384, gt=0, description="a report whose test message is longer than this gets 413 (4000 are stored)",
     )
+    callback_max_attempts: int = Field(
+        10, ge=1, le=10_000, description="downstream attempts accepted per dispatch (consecutive: 1, 2, ...); more get 409",
+    )
     callback_rate_per_minute: float = Field(120.0, ge=0, description="callbacks per repository per minute; 0 = off")
     callback_rate_burst: int = Field(60, ge=1)
     dashboard_url: str = Field("http://127.0.0.1:8000", description="public base URL of the dashboard (details links)")

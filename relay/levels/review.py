@@ -145,7 +145,16 @@ def _p90(values: list[float]) -> float | None:
 
 
 def _counted(backend: str, runs: Iterable[RunView]) -> list[RunView]:
-    return [r for r in runs if r.backend == backend and r.state in _COUNTED]
+    """The backend's finished runs, one per dispatch: a dispatch's latest attempt stands for it, so
+    re-running one dispatch downstream many times never counts as many runs."""
+    latest: dict[int, RunView] = {}
+    for run in runs:
+        if run.backend != backend or run.state not in _COUNTED:
+            continue
+        known = latest.get(run.dispatch_id)
+        if known is None or ((run.run_attempt or 0), run.id) > ((known.run_attempt or 0), known.id):
+            latest[run.dispatch_id] = run
+    return sorted(latest.values(), key=lambda r: r.id)
 
 
 def _success(run: RunView) -> bool:

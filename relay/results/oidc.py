@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -210,12 +211,29 @@ class OidcVerifier:
         return claims
 
 
+_DECIMAL = re.compile(r"[1-9][0-9]{0,18}")
+
+
 def _int_claim(claims: Mapping[str, Any], name: str) -> int | None:
+    """A numeric claim: an integer (not a boolean) or its decimal digits as GitHub writes them ("123");
+    None when absent or anything else (a float, padding, a sign)."""
     value = claims.get(name)
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        return int(value)
+    return None
+
+
+def _run_claim(claims: Mapping[str, Any], name: str) -> int | None:
+    """``run_id`` / ``run_attempt``: None only when absent; present but not numeric is refused, so a
+    token cannot skip the run binding by carrying a claim it cannot be held to."""
+    if claims.get(name) is None:
         return None
+    value = _int_claim(claims, name)
+    if value is None:
+        raise AuthError(401, "bad_claim", f"the OIDC token's {name!r} claim is not a positive integer")
+    return value
 
 
 class CallerAuth:
@@ -263,7 +281,7 @@ class CallerAuth:
         self._check_identity(target, claims)
         return Caller(
             target, "oidc",
-            run_id=_int_claim(claims, "run_id"), run_attempt=_int_claim(claims, "run_attempt"),
+            run_id=_run_claim(claims, "run_id"), run_attempt=_run_claim(claims, "run_attempt"),
         )
 
     def _from_static_token(self, token: str) -> Caller:

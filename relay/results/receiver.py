@@ -51,8 +51,9 @@ class CallbackBody(BaseModel):
 
     nonce: str = Field(min_length=16, max_length=128, description="client_payload.nonce of the dispatch")
     state: Literal["in_progress", "completed"]
-    run_id: int = Field(ge=1, le=2**63 - 1, description="github.run_id of the downstream run")
-    run_attempt: int = Field(1, ge=1, le=10_000, description="github.run_attempt")
+    # Strict: a boolean, a string or a float is refused, not read as a number.
+    run_id: int = Field(ge=1, le=2**63 - 1, strict=True, description="github.run_id of the downstream run")
+    run_attempt: int = Field(1, ge=1, le=10_000, strict=True, description="github.run_attempt")
     run_url: str | None = Field(None, max_length=2000, pattern=r"^https?://", description="the run's page")
     conclusion: Literal[CONCLUSIONS] | None = Field(None, description="required with state completed")
     report: dict[str, Any] | None = Field(None, description="the conformance JSON report (completed only)")
@@ -150,6 +151,7 @@ class CallbackService:
     max_body_bytes: int
     report_limits: ReportLimits = dataclasses.field(default_factory=ReportLimits)
     on_run_changed: Callable[[int], None] | None = None  # wakes reporting, after the transaction commits
+    max_attempts: int = 10  # RELAY_CALLBACK_MAX_ATTEMPTS
 
     def process(self, caller: Caller, body: bytes) -> CallbackAccepted:
         try:
@@ -185,7 +187,7 @@ class CallbackService:
                 410, "nonce_expired", f"the nonce of dispatch {target.dispatch_id} (delivery {target.delivery_id}) has expired",
             )
         self.report_limits.check(callback.report)
-        update = self._update(caller, callback, target.dispatch_id)
+        update = dataclasses.replace(self._update(caller, callback, target.dispatch_id), max_attempts=self.max_attempts)
         try:
             applied = self.store.apply_callback(update)
         except TransitionRefused as exc:

@@ -271,10 +271,29 @@ def newest_matching(session: Session, backend: str, pattern: str, *, since: dt.d
             TestResultRow.test_id.like(_like(pattern), escape="\\"),
         ).distinct().order_by(TestResultRow.test_id).limit(max_tests)
     ).all()
-    return {
-        test_id: _views(session, _with_pr_number().where(
-            TestResultRow.backend == backend, TestResultRow.test_id == test_id,
-            TestResultRow.outcome.not_in(_NOT_COUNTED),
-        ).order_by(TestResultRow.recorded_at.desc(), TestResultRow.id.desc()).limit(per_test))
-        for test_id in ids
-    }
+    return {test_id: _one_per_dispatch(session, backend, test_id, per_test) for test_id in ids}
+
+
+def _one_per_dispatch(session: Session, backend: str, test_id: str, per_test: int) -> list[TestResultView]:
+    """The newest ``per_test`` counted results of one test, at most one per dispatch (its newest): the
+    attempts of one dispatch are one piece of evidence, however often it was re-run downstream."""
+    seen: set[int] = set()
+    chosen = []
+    stmt = select(TestResultRow, RunRow.pr_number, RunRow.dispatch_id).join(RunRow, _VISIBLE).where(
+        TestResultRow.backend == backend, TestResultRow.test_id == test_id,
+        TestResultRow.outcome.not_in(_NOT_COUNTED),
+    ).order_by(TestResultRow.recorded_at.desc(), TestResultRow.id.desc())
+    # Bounded: a dispatch has at most RELAY_CALLBACK_MAX_ATTEMPTS attempts, so this many rows always suffice
+    # unless attempts were recorded before that bound existed.
+    for row, pr_number, dispatch_id in session.execute(stmt.limit(per_test * 20)):
+        if dispatch_id in seen:
+            continue
+        seen.add(dispatch_id)
+        chosen.append(TestResultView(
+            run_pk=row.run_pk, backend=row.backend, head_sha=row.head_sha, suite=row.suite, test_id=row.test_id,
+            nodeid=row.nodeid, outcome=row.outcome, duration=row.duration, message=row.message,
+            recorded_at=row.recorded_at, pr_number=pr_number,
+        ))
+        if len(chosen) == per_test:
+            break
+    return chosen

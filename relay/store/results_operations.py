@@ -47,6 +47,7 @@ class CallbackUpdate:
     reason: str | None = None  # the downstream's own message when it sent no report
     torch_git_version: str | None = None  # the report's torch.git_version (None: no report)
     tests: Sequence[per_test_results.NewTestResult] = ()
+    max_attempts: int = 10  # RELAY_CALLBACK_MAX_ATTEMPTS: downstream attempts accepted per dispatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ class ResultsOperations:
         dispatch = session.get(dispatches.Dispatch, update.dispatch_id, with_for_update=True)
         if dispatch is None:  # pragma: no cover - the nonce lookup found it a moment ago
             raise LookupError(f"dispatch {update.dispatch_id} vanished")
-        return runs.bind(session, dispatch, update.run_id, update.run_attempt, now)
+        return runs.bind(session, dispatch, update.run_id, update.run_attempt, now, update.max_attempts)
 
     def _finish_run(self, update: CallbackUpdate, tests: Sequence[per_test_results.NewTestResult],
                     batch: result_batches.OpenBatch | None) -> CallbackApplied:

@@ -192,13 +192,17 @@ def record_sent(session: Session, dispatch: Dispatch, now: dt.datetime) -> list[
     return []
 
 
-def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, now: dt.datetime) -> RunRow:
+def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, now: dt.datetime,
+         max_attempts: int = 10) -> RunRow:
     """The row of (dispatch, run id, attempt): the matching row, else the dispatch's unbound
     ``dispatched`` row, else a new row (a later attempt). The caller holds the dispatch's lock.
 
     A dispatch's nonce binds the one downstream run that first called back with it: another run id
     raises ``TransitionRefused("nonce_bound_to_other_run")``, and an attempt of the bound run that is not
-    later than every known attempt raises ``TransitionRefused("attempt_not_later")``.
+    later than every known attempt raises ``TransitionRefused("attempt_not_later")``. Attempts are
+    consecutive (a new one is the next after the latest known: ``attempt_not_consecutive``) and at most
+    ``max_attempts`` per dispatch (``RELAY_CALLBACK_MAX_ATTEMPTS``: ``too_many_attempts``), so one dispatch
+    can never count as many runs.
     """
     rows = session.scalars(select(RunRow).where(RunRow.dispatch_id == dispatch.id).order_by(RunRow.id)).all()
     for row in rows:
@@ -216,6 +220,19 @@ def bind(session: Session, dispatch: Dispatch, run_id: int, run_attempt: int, no
             "attempt_not_later",
             f"run {run_id} attempt {run_attempt} is not later than attempt "
             f"{max(row.run_attempt or 0 for row in bound)} already reported for dispatch {dispatch.id}",
+        )
+    if run_attempt > max_attempts:
+        raise TransitionRefused(
+            "too_many_attempts",
+            f"run {run_id} attempt {run_attempt} of dispatch {dispatch.id}: at most {max_attempts} attempts are "
+            "accepted per dispatch (RELAY_CALLBACK_MAX_ATTEMPTS)",
+        )
+    latest = max((row.run_attempt or 0 for row in bound), default=0)
+    if bound and run_attempt != latest + 1:
+        raise TransitionRefused(
+            "attempt_not_consecutive",
+            f"run {run_id} attempt {run_attempt} does not follow attempt {latest}, the latest reported for "
+            f"dispatch {dispatch.id}; attempts are consecutive",
         )
     for row in rows:
         if row.run_id is None:

@@ -67,9 +67,36 @@ def test_a_nonce_binds_one_downstream_run(started):
     assert drive.complete("l2", nonce, "success", run_id=700).status_code == 200
     for other in range(702, 712):  # a dozen other run ids: none becomes a run
         error_of(drive.start("l2", nonce, run_id=other), 409, "nonce_bound_to_other_run")
-    # A later attempt of the bound run is a new run; an attempt not after the known ones is refused.
-    again = drive.start("l2", nonce, run_id=700, attempt=3)
+    # The next attempt of the bound run is a new run; a jump, or an attempt not after the known ones, is refused.
+    detail = error_of(drive.start("l2", nonce, run_id=700, attempt=3), 409, "attempt_not_consecutive")
+    assert "does not follow attempt 1" in detail
+    again = drive.start("l2", nonce, run_id=700, attempt=2)
     assert again.status_code == 200 and again.json()["previous_state"] == "dispatched"
-    error_of(drive.start("l2", nonce, run_id=700, attempt=2), 409, "attempt_not_later")
     runs = relay.store.runs(backend="l2", pr_number=21)
-    assert sorted((r.run_id, r.run_attempt) for r in runs) == [(700, 1), (700, 3)]
+    assert sorted((r.run_id, r.run_attempt) for r in runs) == [(700, 1), (700, 2)]
+
+
+def test_an_attempt_before_the_bound_one_is_not_later(started):
+    relay, drive, nonce = started
+    assert drive.start("l2", nonce, run_id=800, attempt=2).status_code == 200  # attempt 1 never called back
+    error_of(drive.start("l2", nonce, run_id=800, attempt=1), 409, "attempt_not_later")
+
+
+def test_attempts_per_dispatch_are_bounded_by_a_setting(results_relay, database_url):  # noqa: F811
+    relay, drive = results_relay(database_url, callback_max_attempts=3)
+    nonce = drive.nonce("l2", drive.open_pr(22))
+    for attempt in (1, 2, 3):
+        assert drive.start("l2", nonce, run_id=900, attempt=attempt).status_code == 200
+        assert drive.complete("l2", nonce, "failure", run_id=900, attempt=attempt).status_code == 200
+    detail = error_of(drive.start("l2", nonce, run_id=900, attempt=4), 409, "too_many_attempts")
+    assert "at most 3 attempts" in detail and "RELAY_CALLBACK_MAX_ATTEMPTS" in detail
+    error_of(drive.start("l2", nonce, run_id=900, attempt=10_000), 409, "too_many_attempts")
+    assert len(relay.store.runs(backend="l2", pr_number=22)) == 3
+
+
+@pytest.mark.parametrize("run_id", [True, "5", 5.0, " 5"])
+def test_a_run_id_that_is_not_an_integer_is_400(started, run_id):
+    relay, drive, nonce = started
+    body = {"nonce": nonce, "state": "in_progress", "run_id": run_id}
+    detail = error_of(drive.callback(body, backend="l2"), 400, "invalid_callback")
+    assert "run_id" in detail

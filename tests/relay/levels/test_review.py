@@ -37,7 +37,7 @@ def runs(successes: int, failures: int, slow: int = 0, cancelled: int = 0, timed
         order = sorted(range(len(out)), key=lambda i: (i * 0.6180339887) % 1)
         out = [dataclasses.replace(r, dispatched_at=r.dispatched_at - k * step, started_at=r.started_at - k * step,
                                    finished_at=r.finished_at - k * step) for k, r in zip(order, out)]
-    return [dataclasses.replace(r, id=i) for i, r in enumerate(out)]
+    return [dataclasses.replace(r, id=i, dispatch_id=i) for i, r in enumerate(out)]  # one dispatch each
 
 
 def test_week_stats_counts_success_and_time_to_result():
@@ -169,3 +169,12 @@ def test_the_documented_level_since_is_read_from_the_descriptor():
     assert RelayTarget.model_validate(section).level_since == dt.date(2026, 10, 1)
     with pytest.raises(ValueError, match="level_since"):
         RelayTarget.model_validate({**section, "level_since": "last spring"})
+
+
+def test_the_attempts_of_one_dispatch_count_as_one_run():
+    failing = runs(0, 24, spread_days=6)
+    # 400 successful downstream attempts of one dispatch: one run, its latest attempt.
+    attempts = [dataclasses.replace(BASE, id=1000 + a, dispatch_id=999, run_attempt=a, dispatched_at=T0 - dt.timedelta(days=1))
+                for a in range(1, 401)]
+    stats = week_stats("b", failing + attempts, T0 - dt.timedelta(days=7), NOW)
+    assert (stats.runs, stats.successes) == (25, 1)

@@ -163,3 +163,16 @@ def test_targets_load_token_digests_from_descriptors(results_backends):  # noqa:
     targets = {t.name: t for t in load_allowlist(results_backends)}
     assert targets["l3"].level is TrustLevel.L3
     assert targets["l3"].callback_token_sha256 == hashlib.sha256(TOKENS["l3"].encode()).hexdigest()
+
+
+@pytest.mark.parametrize("value", ["77x", "7.0", " 77", "-1", True])
+def test_a_run_claim_that_is_not_a_positive_integer_is_refused_not_skipped(auth, oidc_issuer, value):  # noqa: F811
+    for claim in ("run_id", "run_attempt"):
+        token = oidc_issuer.mint("org/l2-ci", AUDIENCE, **{claim: value})
+        assert repr(claim) in refused(auth, f"Bearer {token}", 401, "bad_claim")
+
+
+@pytest.mark.parametrize("value", [1234.0, " 1234", "1234 ", "+1234", True])
+def test_a_repository_id_claim_must_be_exactly_numeric(auth, oidc_issuer, value):  # noqa: F811
+    token = oidc_issuer.mint("org/l2-ci", AUDIENCE, repository_id=value)
+    assert "'repository_id'" in refused(auth, f"Bearer {token}", 401, "missing_claim")
