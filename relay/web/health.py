@@ -45,9 +45,26 @@ def parts_of(request: Request) -> HealthParts:
 router = APIRouter(tags=["observability"])
 
 
-def store_unavailable_handler(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+def is_operator(request: Request) -> bool:
+    """Whether the caller may see the relay's internals (database URL, SQL, worker errors): always when
+    ``RELAY_METRICS_TOKEN`` is unset, else only with ``Authorization: Bearer <token>``."""
+    token = parts_of(request).settings.metrics_token
+    if token is None:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode())
+
+
+_OUTSIDER_DETAIL = "details need 'Authorization: Bearer <RELAY_METRICS_TOKEN>'"
+
+
+def _shown(request: Request, detail: str) -> str:
+    return detail if is_operator(request) else _OUTSIDER_DETAIL
+
+
+def store_unavailable_handler(request: Request, exc: StoreUnavailable) -> JSONResponse:
     """Any route (the dashboard's included) whose store call failed or ran past the deadline: 503, not 500."""
-    return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
+    return JSONResponse({"error": "store_unavailable", "detail": _shown(request, str(exc))}, status_code=503)
 
 
 def store_refused_handler(_request: Request, exc: StoreRefused) -> JSONResponse:
@@ -71,17 +88,17 @@ def readyz(request: Request) -> JSONResponse:
     try:
         parts_of(request).store.probe()
     except StoreUnavailable as exc:
-        return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+        return JSONResponse({"status": "unavailable", "detail": _shown(request, str(exc))}, status_code=503)
     problems = parts_of(request).results.problems()
     if problems:
-        return JSONResponse({"status": "worker_failing", "detail": "; ".join(problems)}, status_code=503)
+        return JSONResponse({"status": "worker_failing", "detail": _shown(request, "; ".join(problems))}, status_code=503)
     try:
         paused = [g for g in parts_of(request).store.credential_gates() if g.paused]
     except StoreUnavailable as exc:
-        return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+        return JSONResponse({"status": "unavailable", "detail": _shown(request, str(exc))}, status_code=503)
     if paused:
         detail = "; ".join(f"GitHub refused credential {g.credential} ({g.reason}); its dispatches wait" for g in paused)
-        return JSONResponse({"status": "credential_paused", "detail": detail}, status_code=503)
+        return JSONResponse({"status": "credential_paused", "detail": _shown(request, detail)}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -94,23 +111,26 @@ class QuarantinedEntry(BaseModel):
 
 @router.get("/api/quarantine", response_model=list[QuarantinedEntry])
 def quarantined(request: Request, limit: int = Query(100, ge=1, le=1000)) -> list[QuarantinedEntry]:
-    """Rows background passes could not handle, newest first: each is skipped until an operator fixes it."""
+    """Rows background passes could not handle, newest first: each is skipped until an operator fixes it.
+    With ``RELAY_METRICS_TOKEN`` set, only for ``Authorization: Bearer <token>`` (errors hold internals)."""
+    if not is_operator(request):
+        return _token_needed("/api/quarantine")
     try:
         entries = parts_of(request).store.quarantined(limit)
     except StoreUnavailable as exc:
-        return JSONResponse({"error": "store_unavailable", "detail": str(exc)}, status_code=503)
+        return JSONResponse({"error": "store_unavailable", "detail": _shown(request, str(exc))}, status_code=503)
     return [QuarantinedEntry(**dataclasses.asdict(entry)) for entry in entries]
+
+
+def _token_needed(path: str) -> JSONResponse:
+    return JSONResponse({"error": "metrics_token", "detail": (
+        f"{path} needs 'Authorization: Bearer <token>' with the token set in RELAY_METRICS_TOKEN")},
+        status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
     """Prometheus metrics; with ``RELAY_METRICS_TOKEN`` set, only for ``Authorization: Bearer <token>``."""
-    token = parts_of(request).settings.metrics_token
-    if token is not None:
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {token.get_secret_value()}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return JSONResponse({"error": "metrics_token", "detail": (
-                "/metrics needs 'Authorization: Bearer <token>' with the token set in RELAY_METRICS_TOKEN")},
-                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    if not is_operator(request):
+        return _token_needed("/metrics")
     return Response(generate_latest(parts_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
