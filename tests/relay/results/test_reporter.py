@@ -239,7 +239,7 @@ def test_everything_from_a_report_is_inert_in_the_check_run_summary(sqlite_url, 
     nonce = drive.nonce("l4", drive.open_pr(26))
     body = report("l4", [(f"conformance/suites/test_a|b.py::test_{HOSTILE}", "failed", f"boom {HOSTILE}\n```\n{HOSTILE}")])
     body["tests"][0]["suite"] = f"suite|{HOSTILE}"
-    body["torch"]["version"] = f"2.13 {HOSTILE}"
+    body["torch"]["version"] = f"2.13 {HOSTILE}"[:100]  # the report schema bounds it like its column
     assert drive.start("l4", nonce).status_code == 200
     assert drive.complete("l4", nonce, "failure", report_body=body).status_code == 200
     settle(relay)
