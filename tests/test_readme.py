@@ -58,6 +58,7 @@ def _named_paths(document: Path) -> set[str]:
 _ELSEWHERE = {
     "tests/1/outcome": "a place inside a report, in an error's detail (callback-contract.md)",
     ".github/workflows/crcr.yml": "where a backend repository puts its caller (onboarding.md)",
+    "backends/npu.yaml": "an out-of-tree backend's own descriptor, in its repository (onboarding.md)",
     "conformance/suites/test_example.py": "the file the suite authors' example makes (suite-authors.md)",
 }
 
