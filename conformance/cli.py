@@ -41,6 +41,16 @@ def _common_pytest_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _launch_pytest_args(args: argparse.Namespace) -> list[str]:
+    """``run``'s options about the ranks themselves (how long a call may take, where they share files)."""
+    out = []
+    if args.rank_timeout is not None:
+        out += ["--rank-timeout", str(args.rank_timeout)]
+    if args.shared_dir is not None:
+        out += ["--shared-dir", args.shared_dir]
+    return out
+
+
 def format_table(report) -> str:
     rows = [("suite", *COLUMNS)]
     for suite, s in report.suites().items():
@@ -96,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="conformance-run-") as tmp:
         report_path = args.report or str(Path(tmp) / "report.json")
         pytest_args = _suite_paths(args.suite) + _common_pytest_args(args)
-        pytest_args += ["--conformance-report", report_path]
+        pytest_args += ["--conformance-report", report_path] + _launch_pytest_args(args)
         if follower:
             pytest_args += ["-p", "no:terminal"]  # rank 0 prints the run, every rank's outcome included
         else:
@@ -220,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--suite", action="append", help="suite to run, repeatable (default: all)")
     run.add_argument("--report", default=None, help="write the JSON report here")
     run.add_argument("--junit", default=None, help="write a JUnit XML report here")
+    run.add_argument("--rank-timeout", type=float, default=None,
+                     help="seconds a call on the ranks may take before they are replaced (default 300)")
+    run.add_argument("--shared-dir", default=None,
+                     help="a directory every rank sees, on a file system every node mounts (default: one per host)")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER,
                      help="after --: extra pytest arguments (e.g. -- -k all_reduce -x)")
     run.set_defaults(func=cmd_run)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import assert_ranks_equal, requires
+from conformance import assert_ranks_equal, requires, shared_dir
 from conformance.checks import ConformanceFailure
 from conformance.suites import _collective_bodies as bodies
 from conformance.suites import _collective_data as data
@@ -395,6 +395,7 @@ def barrier_on_rank(ctx, round_id: int):
     return sorted(p.name for p in marker_dir.iterdir())
 
 
+@shared_dir  # the ranks leave marker files for each other
 def test_barrier(ranks):
     import uuid
 
