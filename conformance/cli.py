@@ -162,7 +162,15 @@ def cmd_backends(args: argparse.Namespace) -> int:
     except DescriptorError as exc:
         print(f"conformance: {exc}", file=sys.stderr)
         return 2
-    report = probe_capabilities(shown)
+    # The device-touching probes on one rank of the backend (this process touches no device).
+    from conformance.ranks import RankPool
+
+    with RankPool(descriptor=shown.name, device_type=shown.device_type, backend=shown.distributed_backend,
+                  world_size=1, setup_modules=shown.setup_modules,
+                  symmetric_memory_backend=shown.symmetric_memory_backend) as pool:
+        report = probe_capabilities(shown, on_ranks=pool.probed_on_ranks)
+        for name in CAPABILITIES:
+            report.probes[name]
     print(f"\ncapabilities of {shown.name} (declared vs probed here):")
     for name in CAPABILITIES:
         probe = report.probes[name]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,25 +42,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gpu(descriptor: BackendDescriptor) -> tuple[str | None, str | None]:
+def _driver(descriptor: BackendDescriptor) -> str | None:
+    """The accelerator driver's version, from its command-line tool (not through a device context)."""
     import torch
 
-    if descriptor.device_type == "cpu":
-        return None, None
+    if descriptor.device_type != "cuda":
+        return None
+    tool = ["rocm-smi", "--showdriverversion"] if torch.version.hip else \
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
     try:
-        name = torch.accelerator.get_device_name(0) if hasattr(torch.accelerator, "get_device_name") \
-            else torch.cuda.get_device_name(0)
-    except Exception:
-        name = None
-    driver = None
-    if descriptor.device_type == "cuda":
-        tool = ["rocm-smi", "--showdriverversion"] if torch.version.hip else \
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-        try:
-            driver = subprocess.run(tool, capture_output=True, text=True, timeout=10).stdout.strip() or None
-        except (OSError, subprocess.TimeoutExpired):
-            driver = None
-    return name, driver
+        return subprocess.run(tool, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 @dataclass
@@ -87,7 +79,9 @@ class ConformanceSession:
 
         descriptors = load_descriptors(options.backends_dir)
         descriptor = resolve_backend(options.backend, descriptors)
-        capabilities = probe_capabilities(descriptor)
+        # The device-touching probes run on the ranks of the default pool (this process touches no device).
+        on_ranks = [None]
+        capabilities = probe_capabilities(descriptor, on_ranks=lambda: on_ranks[0]())
         launcher = LauncherWorld.from_env()
         if launcher is not None:
             if options.world_size and options.world_size != launcher.world_size:
@@ -99,8 +93,10 @@ class ConformanceSession:
             world_size = options.world_size or descriptor.world_size
             ranks_here = world_size
         check_devices(descriptor, ranks_here, _device_count(descriptor))
-        return cls(options=options, descriptor=descriptor, capabilities=capabilities,
-                   world_size=world_size, available_ranks=world_size, launcher=launcher)
+        session = cls(options=options, descriptor=descriptor, capabilities=capabilities,
+                      world_size=world_size, available_ranks=world_size, launcher=launcher)
+        on_ranks[0] = lambda: session.pool(session.world_size).probed_on_ranks()
+        return session
 
     # -- pools ------------------------------------------------------------------------------------
     def pool(self, world_size: int):
@@ -254,7 +250,8 @@ class ConformanceSession:
         import torch
 
         d = self.descriptor
-        gpu, driver = _gpu(d)
+        gpu = next((p.device_name for p in self.pools.values() if p.device_name), None)
+        driver = _driver(d)
         caps = {name: CapabilityStatus(declared=d.declares(name), probed=p.available, reason=p.reason)
                 for name, p in self.capabilities.probes.items()}
         return ConformanceReport(
