@@ -90,7 +90,7 @@ class ConformanceSession:
                     "under torchrun the world is the launcher's (--nnodes x --nproc-per-node); leave --world-size out")
             world_size, ranks_here = launcher.world_size, launcher.local_world_size
         else:
-            world_size = options.world_size or descriptor.world_size
+            world_size = options.world_size or default_world_size(descriptor)
             ranks_here = world_size
         check_devices(descriptor, ranks_here, _device_count(descriptor))
         session = cls(options=options, descriptor=descriptor, capabilities=capabilities,
@@ -307,6 +307,14 @@ def _device_count(descriptor: BackendDescriptor) -> int | None:
         return torch.accelerator.device_count()
     except Exception:  # noqa: BLE001 - no runtime for the device: counted as none
         return 0
+
+
+def default_world_size(descriptor: BackendDescriptor) -> int:
+    """The descriptor's world size; ``devices``: this machine's device count (at least 1, so that a
+    machine without one still gets the clear "needs N devices" refusal)."""
+    if descriptor.world_size != "devices":
+        return descriptor.world_size
+    return max(_device_count(descriptor) or 0, 1)
 
 
 def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: int | None) -> None:
