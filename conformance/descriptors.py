@@ -253,11 +253,15 @@ class BackendDescriptor(_Strict):
             )
         return value
 
-    @field_validator("world_size")
+    @field_validator("world_size", mode="before")
     @classmethod
-    def _positive_world_size(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError('must be a positive number of ranks, or "devices" for one rank per device')
+    def _positive_world_size(cls, value):
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 1:
+                raise ValueError("Input should be greater than or equal to 1")  # pydantic's own words for ge=1
+            return value
+        if value != "devices":
+            raise ValueError(f'must be a positive number of ranks, or "devices" for one rank per device; got {value!r}')
         return value
 
     @model_validator(mode="after")
