@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text  # noqa: E402
 
-from relay.dispatch import Dispatcher  # noqa: E402
+from relay.dispatch.dispatcher import Dispatcher  # noqa: E402
 from relay.github import GitHubClient  # noqa: E402
 from relay.store import NewDelivery, NewDispatch, Store  # noqa: E402
 from relay.testing import FakeGitHub  # noqa: E402

@@ -34,10 +34,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.e2e_loop import AUDIENCE, BACKEND, BACKEND_REPO, Loop  # noqa: E402
 from conformance.callback import build_parser, run_callback  # noqa: E402
-from tests.relay.helpers import PAYLOADS_DIR  # noqa: E402
-from tests.relay.results_support import report  # noqa: E402
-from tests.workflows.e2e_loop import AUDIENCE, BACKEND, BACKEND_REPO, Loop  # noqa: E402
+from relay.testing.reports import conformance_report  # noqa: E402
+
+# GitHub's sample webhook payloads (the relay's tests read them from the same place).
+PAYLOADS_DIR = Path(os.environ.get("RELAY_TEST_PAYLOADS_DIR") or ROOT.parent / "shared" / "github-payloads")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -87,9 +89,10 @@ def main() -> int:
 
                 env = {"RELAY_CALLBACK_URL": f"{loop.relay.url}/github/callback", "RELAY_AUDIENCE": AUDIENCE,
                        "NONCE": dispatch["client_payload"]["nonce"], "RUN_ID": str(index + 1), "RUN_ATTEMPT": "1",
+                       "RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1",  # the relay is on 127.0.0.1, plain http
                        **loop.issuer.actions_token_env(BACKEND_REPO, run_id=index + 1)}
                 report_path = Path(work) / "report.json"
-                report_path.write_text(json.dumps(report(BACKEND, git_version=sha)))
+                report_path.write_text(json.dumps(conformance_report(BACKEND, git_version=sha)))
                 devnull = open(os.devnull, "w")
                 stdout, sys.stdout = sys.stdout, devnull
                 try:

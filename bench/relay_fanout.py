@@ -40,7 +40,7 @@ def _backends(folder: Path, count: int) -> None:
         (folder / f"b{index:02d}.yaml").write_text(
             f"name: b{index:02d}\ndevice_type: cpu\ndetect: {{accelerator: none}}\ndistributed_backend: gloo\n"
             "capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
-            "symmetric_memory: false, put_signal: false, bf16: true}\n"
+            "symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}\n"
             f"relay: {{repository: org/b{index:02d}-ci, level: L2}}\n"
         )
 

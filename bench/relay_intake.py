@@ -222,7 +222,7 @@ def main() -> None:
             (backends / f"{name}.yaml").write_text(
                 f"name: {name}\ndevice_type: cpu\ndetect: {{accelerator: none}}\ndistributed_backend: gloo\n"
                 "capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
-                "symmetric_memory: false, put_signal: false, bf16: true}\n"
+                "symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}\n"
                 f"relay: {{repository: org/{name}-ci, level: {name.upper()}}}\n")
         port = _free_port()
         bare = _start([sys.executable, "-c", BARE_APP, str(port)], base_env, port)

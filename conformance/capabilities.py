@@ -231,6 +231,19 @@ def _probe_bf16(device) -> Probe:
     return Probe("bf16", True)
 
 
+def _probe_parallelisms(d: BackendDescriptor, collectives: Probe) -> Probe:
+    if not collectives.available:
+        return Probe("parallelisms", False, f"needs collectives: {collectives.reason}")
+    try:
+        import torch.distributed.pipelining  # noqa: F401
+        import torch.distributed.tensor.parallel  # noqa: F401
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        from torch.nn.parallel import DistributedDataParallel  # noqa: F401
+    except Exception as exc:  # an import error of any kind: the parallelisms are not all there
+        return Probe("parallelisms", False, f"importing DDP, FSDP2, tensor parallelism or pipelining failed: {exc}")
+    return Probe("parallelisms", True)
+
+
 _PROBES = {
     "collectives": lambda d, probes: _probe_collectives(d),
     "dtensor": lambda d, probes: _probe_dtensor(d),
@@ -239,6 +252,7 @@ _PROBES = {
     "symmetric_memory": lambda d, probes: _probe_symmetric_memory(_device(d)),
     "put_signal": lambda d, probes: _probe_put_signal(d, probes["symmetric_memory"]),
     "bf16": lambda d, probes: _probe_bf16(_device(d)),
+    "parallelisms": lambda d, probes: _probe_parallelisms(d, probes["collectives"]),
 }
 
 

@@ -26,9 +26,10 @@ def tolerance(dtype) -> tuple[float, float]:
     }.get(dtype, (0.0, 0.0))
 
 
-def _mismatch(actual, expected, exact: bool):
-    """The elements that differ, as a bool tensor: within the dtype's tolerance, or exactly when
-    ``exact`` or not floating point; NaN equals NaN either way. Shapes and dtypes already agree."""
+def _mismatch(actual, expected, exact: bool, tol: tuple[float, float] | None = None):
+    """The elements that differ, as a bool tensor: within ``tol`` (rtol, atol; default the dtype's
+    tolerance), or exactly when ``exact`` or not floating point; NaN equals NaN either way. Shapes and
+    dtypes already agree."""
     import torch
 
     if exact or not actual.is_floating_point():
@@ -36,17 +37,17 @@ def _mismatch(actual, expected, exact: bool):
         if actual.is_floating_point():
             differ &= ~(actual.isnan() & expected.isnan())
         return differ
-    rtol, atol = tolerance(actual.dtype)
+    rtol, atol = tol if tol is not None else tolerance(actual.dtype)
     return ~torch.isclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=True)
 
 
-def _diff(actual, expected, exact: bool) -> str | None:
+def _diff(actual, expected, exact: bool, tol: tuple[float, float] | None = None) -> str | None:
     """What differs between the tensors, or None when they agree."""
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
         return f"dtype {actual.dtype}, expected {expected.dtype}"
-    mismatch = _mismatch(actual, expected, exact)
+    mismatch = _mismatch(actual, expected, exact, tol)
     if not mismatch.any():
         return None
     first = tuple(mismatch.nonzero()[0].tolist())
@@ -56,9 +57,11 @@ def _diff(actual, expected, exact: bool) -> str | None:
             f"got {actual.flatten()[:8].tolist()}{more}, expected {expected.flatten()[:8].tolist()}{more}")
 
 
-def assert_close(actual, expected, *, what: str, rank: int | None = None, exact: bool = False) -> None:
-    """Compare one tensor with tolerances for its dtype (or exactly when ``exact``; NaN equals NaN)."""
-    problem = _diff(actual, expected, exact)
+def assert_close(actual, expected, *, what: str, rank: int | None = None, exact: bool = False,
+                 tol: tuple[float, float] | None = None) -> None:
+    """Compare one tensor with tolerances for its dtype, or ``tol`` (rtol, atol), or exactly when ``exact``
+    (NaN equals NaN)."""
+    problem = _diff(actual, expected, exact, tol)
     if problem is not None:
         where = f"rank {rank}: " if rank is not None else ""
         raise ConformanceFailure(f"{where}{what} is wrong: {problem}")

@@ -16,7 +16,8 @@ from pathlib import Path
 from conformance.descriptors import CAPABILITIES, DescriptorError
 from conformance.plugin import SUITES_DIR, required_capabilities, required_world_size, suite_name, test_id_of
 
-COLUMNS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
+COLUMNS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "unexpected_passes")
+HEADINGS = {"unexpected_passes": "unexpected passes"}
 
 
 def available_suites() -> list[str]:
@@ -34,6 +35,8 @@ def _suite_paths(names: list[str] | None) -> list[str]:
 
 def _common_pytest_args(args: argparse.Namespace) -> list[str]:
     out = ["--backend", args.backend, "-p", "no:cacheprovider"]
+    if getattr(args, "strict_known_failures", False):
+        out.append("--strict-known-failures")
     if args.world_size:
         out += ["--world-size", str(args.world_size)]
     if args.backends_dir:
@@ -52,7 +55,7 @@ def _launch_pytest_args(args: argparse.Namespace) -> list[str]:
 
 
 def format_table(report) -> str:
-    rows = [("suite", *COLUMNS)]
+    rows = [("suite", *(HEADINGS.get(c, c) for c in COLUMNS))]
     for suite, s in report.suites().items():
         rows.append((suite, *(str(getattr(s, c)) for c in COLUMNS)))
     s = report.summary
@@ -75,6 +78,28 @@ def rank_lines(report) -> list[str]:
         lines.append(f"  {test.nodeid}: " + "; ".join(f"rank {r.rank} ({r.node}) {r.outcome}" for r in test.ranks))
     if lines:
         lines.insert(0, "per rank (launcher world):")
+    return lines
+
+
+def unexpected_pass_lines(report) -> list[str]:
+    """Each known-failure entry whose tests passed, to bound (``torch:``) or remove: news, not a failure."""
+    by_entry: dict[str, list] = {}
+    for test in report.tests:
+        if test.outcome == "unexpected_pass" and test.known_failure is not None:
+            by_entry.setdefault(test.known_failure.match, []).append(test)
+    if not by_entry:
+        return []
+    from packaging.version import Version
+
+    below = f"<{Version(report.torch.version).public}"
+    lines = [f"UNEXPECTED PASSES: {report.summary.unexpected_passes} tests that known failures of "
+             f"{report.backend.name} cover passed on torch {report.torch.version}; bound each entry below "
+             f"(torch: \"{below}\", or tighter) or remove it:"]
+    for match, tests in by_entry.items():
+        entry = tests[0].known_failure
+        bound = f"torch: \"{entry.torch},{below}\"" if entry.torch else f"torch: \"{below}\""
+        lines.append(f"  {match!r} ({len(tests)} test{'s' if len(tests) > 1 else ''}; {bound}): "
+                     f"{entry.reason} ({entry.link})")
     return lines
 
 
@@ -127,9 +152,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     short = lack_of_ranks(report)
     if short:
         print(short)
+    for line in unexpected_pass_lines(report):
+        print(line)
     if args.report:
         print(f"report: {args.report}")
     unexpected = report.summary.failed + report.summary.errors
+    if args.strict_known_failures:
+        unexpected += report.summary.unexpected_passes
     if code == 0 and unexpected:
         return 1
     return code
@@ -242,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds a call on the ranks may take before they are replaced (default 300)")
     run.add_argument("--shared-dir", default=None,
                      help="a directory every rank sees, on a file system every node mounts (default: one per host)")
+    run.add_argument("--strict-known-failures", action="store_true",
+                     help="exit 1 when a known failure passes (default: an unexpected pass is reported, exit 0)")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER,
                      help="after --: extra pytest arguments (e.g. -- -k all_reduce -x)")
     run.set_defaults(func=cmd_run)
@@ -258,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.callback import register as register_callback  # torch-free, stdlib HTTP
 
     register_callback(sub)
+    from conformance.preflight import register as register_preflight  # the CI job's checks before the suite
+
+    register_preflight(sub)
     return parser
 
 

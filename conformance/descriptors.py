@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
@@ -31,11 +33,13 @@ __all__ = [
     "QuarantinedTest",
     "RelayTarget",
     "Semantics",
+    "Tolerance",
     "TrustLevel",
     "descriptor_dirs",
     "load_descriptor",
     "load_descriptors",
     "packaged_backends_dir",
+    "torch_in_bound",
 ]
 
 ENV_BACKENDS_DIR = "CONFORMANCE_BACKENDS_DIR"
@@ -51,6 +55,7 @@ class Capability(str, enum.Enum):
     symmetric_memory = "symmetric_memory"
     put_signal = "put_signal"
     bf16 = "bf16"
+    parallelisms = "parallelisms"
 
 
 CAPABILITIES: tuple[str, ...] = tuple(c.value for c in Capability)
@@ -76,8 +81,8 @@ class _Strict(BaseModel):
 class Detect(_Strict):
     """How to recognise the backend on the local machine.
 
-    ``accelerator`` is the type of ``torch.accelerator.current_accelerator()`` ("none" when there is
-    no accelerator); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
+    ``accelerator`` is the type of ``torch.accelerator.current_accelerator(check_available=True)`` ("none"
+    when no accelerator device is present, whatever torch was built for); ``torch_version`` maps attributes of ``torch.version`` to whether they must be
     set (e.g. ROCm is a ``cuda`` accelerator with ``torch.version.hip`` set).
     """
 
@@ -110,8 +115,24 @@ class _TestPattern(_Strict):
         return _glob_regex(self.match).fullmatch(test_id) is not None
 
 
+def torch_in_bound(bound: str | SpecifierSet, version: str) -> bool:
+    """Whether torch ``version`` lies within the PEP 440 specifier ``bound`` (e.g. ``"<2.15"``).
+
+    The local label is ignored (``2.14.1+cu130`` is 2.14.1). A pre-release, development or main build
+    counts as after the release before it and before the release it leads to: ``2.16.0a0+git1234``
+    (a build from main) and ``2.16.0.dev20260101`` (a nightly) are ``>=2.15`` and ``<2.16``. PEP 440's
+    ``<`` alone would exclude pre-releases of 2.16 from ``<2.16``; a main build does not have 2.16's
+    fixes yet, so here it is within. Every other operator is packaging's, with pre-releases allowed.
+    """
+    specifiers = SpecifierSet(bound) if isinstance(bound, str) else bound
+    public = Version(Version(version).public)
+    return all(public < Version(s.version) if s.operator == "<" else s.contains(public, prereleases=True)
+               for s in specifiers)
+
+
 class KnownFailure(_TestPattern):
-    """A test-id pattern known to fail on this backend, applied as strict xfail or as skip."""
+    """A test-id pattern known to fail on this backend, applied as xfail or as skip; ``torch`` bounds it to
+    the torch versions where it fails (outside its bound the entry does not apply)."""
 
     reason: str = Field(min_length=1)
     link: str = Field(min_length=1)
@@ -121,6 +142,30 @@ class KnownFailure(_TestPattern):
         description="the failure shows only with at least this many ranks (a result that depends on which "
                     "rank holds a value, data that must cross ranks); below it the test runs normally",
     )
+    torch: str | None = Field(
+        default=None,
+        description='PEP 440 specifier of the torch versions the failure shows on, e.g. "<2.15" (fixed in 2.15) '
+                    'or ">=2.14,<2.16"; unset: every version. See torch_in_bound for main and local builds',
+    )
+
+    @field_validator("torch")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            specifiers = SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(
+                f"{value!r} is not a PEP 440 version specifier -> write e.g. \"<2.15\" (fixed in 2.15) "
+                "or \">=2.14,<2.16\"") from None
+        if not len(specifiers):
+            raise ValueError(f"{value!r} is empty -> remove 'torch' to apply the entry to every version")
+        return value
+
+    def applies_to_torch(self, version: str | None) -> bool:
+        """Whether the entry applies to torch ``version`` (None: any version)."""
+        return self.torch is None or version is None or torch_in_bound(self.torch, version)
 
 
 class QuarantinedTest(_TestPattern):
@@ -133,6 +178,16 @@ class QuarantinedTest(_TestPattern):
 
     def applies_on(self, day: datetime.date) -> bool:
         return day <= self.expires
+
+
+class Tolerance(_Strict):
+    """How far a result computed in parallel may be from a single-device reference, for one dtype."""
+
+    rtol: float = Field(ge=0)
+    atol: float = Field(ge=0)
+
+
+TOLERANCE_DTYPES = ("float32", "bfloat16")
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -233,6 +288,11 @@ class BackendDescriptor(_Strict):
     capabilities: dict[str, bool]
     known_failures: tuple[KnownFailure, ...] = ()
     semantics: Semantics = Field(default_factory=Semantics)
+    tolerances: dict[str, Tolerance] = Field(
+        default_factory=dict,
+        description="per dtype (float32, bfloat16): how far a parallel training run may be from the "
+                    "single-device reference (the parallelisms suite); a dtype not listed is compared bitwise",
+    )
     relay: RelayTarget | None = None
     source: str = Field(default="", exclude=True, description="file the descriptor came from")
 
@@ -264,6 +324,14 @@ class BackendDescriptor(_Strict):
             raise ValueError(f'must be a positive number of ranks, or "devices" for one rank per device; got {value!r}')
         return value
 
+    @field_validator("tolerances")
+    @classmethod
+    def _tolerance_dtypes(cls, value: dict[str, Tolerance]) -> dict[str, Tolerance]:
+        unknown = sorted(set(value) - set(TOLERANCE_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown dtype {', '.join(map(repr, unknown))}; allowed: {', '.join(TOLERANCE_DTYPES)}")
+        return value
+
     @model_validator(mode="after")
     def _put_signal_needs_symmetric_memory(self) -> "BackendDescriptor":
         if self.capabilities.get("put_signal") and not self.capabilities.get("symmetric_memory"):
@@ -279,10 +347,13 @@ class BackendDescriptor(_Strict):
     def declares(self, capability: str) -> bool:
         return self.capabilities[capability]
 
-    def known_failure_for(self, test_id: str, world_size: int | None = None) -> KnownFailure | None:
-        """The known failure that applies to ``test_id`` in a run of ``world_size`` ranks (any size if None)."""
+    def known_failure_for(self, test_id: str, world_size: int | None = None,
+                          torch_version: str | None = None) -> KnownFailure | None:
+        """The first known failure that applies to ``test_id`` in a run of ``world_size`` ranks on torch
+        ``torch_version`` (None: any size, any version)."""
         return next((kf for kf in self.known_failures
-                     if kf.matches(test_id) and (world_size is None or world_size >= kf.min_world_size)), None)
+                     if kf.matches(test_id) and (world_size is None or world_size >= kf.min_world_size)
+                     and kf.applies_to_torch(torch_version)), None)
 
 
 def _fix_hint(loc: tuple, msg: str) -> str:

@@ -10,7 +10,8 @@ import importlib
 
 from conformance.descriptors import BackendDescriptor, DescriptorError
 
-__all__ = ["detect_backend", "import_setup_modules", "local_accelerator", "matches_here", "resolve_backend"]
+__all__ = ["absent_accelerator_note", "build_accelerator", "detect_backend", "import_setup_modules",
+           "local_accelerator", "matches_here", "resolve_backend"]
 
 
 def import_setup_modules(descriptor: BackendDescriptor) -> None:
@@ -26,11 +27,36 @@ def import_setup_modules(descriptor: BackendDescriptor) -> None:
 
 
 def local_accelerator() -> str:
-    """The type of the current accelerator, or "none"."""
+    """The type of the accelerator present here, or "none": a CUDA, ROCm or XPU build of torch on a machine
+    without such a device (the default wheel on a CI runner or a laptop) has none, and runs as CPU."""
+    import torch
+
+    try:
+        accelerator = torch.accelerator.current_accelerator(check_available=True)
+    except TypeError:  # a torch whose current_accelerator has no check_available: count the devices
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is not None and torch.accelerator.device_count() == 0:
+            accelerator = None
+    return accelerator.type if accelerator is not None else "none"
+
+
+def build_accelerator() -> str:
+    """The accelerator torch was built for ("cuda" for the default wheel), present or not, or "none"."""
     import torch
 
     accelerator = torch.accelerator.current_accelerator()
     return accelerator.type if accelerator is not None else "none"
+
+
+def absent_accelerator_note() -> str | None:
+    """One line when torch is built for an accelerator this machine does not have, else None."""
+    import torch
+
+    built = build_accelerator()
+    if built == "none" or local_accelerator() != "none":
+        return None
+    return (f"torch {torch.__version__} is a {built} build, but this machine has no {built} device: "
+            "detection follows the devices present")
 
 
 def matches_here(descriptor: BackendDescriptor, accelerator: str | None = None) -> bool:

@@ -17,9 +17,14 @@ from pathlib import Path
 import pytest
 
 from conformance.descriptors import CAPABILITIES, DescriptorError
-from conformance.report import TestResult, write_report
+from conformance.report import KnownFailureApplied, TestResult, write_report
 
 SESSION_KEY = pytest.StashKey["ConformanceSession | None"]()
+# Test reports carry what a known failure did as user properties: they cross pytest-xdist to the controller
+# and appear in the JUnit file as <property> elements of the test case.
+KNOWN_FAILURE_PROPERTY = "conformance.known_failure."  # + match, reason, link, torch
+OUTCOME_PROPERTY = "conformance.outcome"
+UNEXPECTED_PASS = "unexpected_pass"
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 
 
@@ -38,6 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a directory every rank sees, on a file system every node mounts (default: one per host)")
     group.addoption("--conformance-report", default=None, metavar="PATH",
                     help="write the JSON conformance report to PATH")
+    group.addoption("--strict-known-failures", action="store_true", default=False,
+                    help="fail the run when a known failure passes (default: report it as an unexpected pass)")
 
 
 def _parse_world_size(value: str) -> int:
@@ -217,13 +224,32 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
             reason=f"needs {needed} ranks; {session.descriptor.name} run has {session.available_ranks} "
                    f"(raise --world-size to {needed}{' and provide the devices' if session.descriptor.device_type != 'cpu' else ''})"))
         return
-    known = session.descriptor.known_failure_for(test_id_of(item), session.world_size)
+    known = session.descriptor.known_failure_for(test_id_of(item), session.world_size, session.torch_version)
     if known is not None:
+        item.user_properties.extend((KNOWN_FAILURE_PROPERTY + key, value) for key, value in
+                                    known.model_dump(include={"match", "reason", "link", "torch"}).items()
+                                    if value is not None)
         reason = f"known failure on {session.descriptor.name}: {known.reason} ({known.link})"
         if known.mode == "skip":
             item.add_marker(pytest.mark.skip(reason=reason))
         else:
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+            # Not strict by default: a known failure that passes is an unexpected pass (news), not a failure.
+            strict = item.config.getoption("strict_known_failures")
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
+
+
+def _known_failure(report: pytest.TestReport) -> KnownFailureApplied | None:
+    fields = {name.removeprefix(KNOWN_FAILURE_PROPERTY): value for name, value in report.user_properties
+              if name.startswith(KNOWN_FAILURE_PROPERTY)}
+    return KnownFailureApplied(**fields) if fields else None
+
+
+def _is_unexpected_pass(report: pytest.TestReport) -> bool:
+    """A call whose known failure did not fail: pytest's xpass, or its strict xpass failure."""
+    if report.when != "call" or not any(n.startswith(KNOWN_FAILURE_PROPERTY) for n, _ in report.user_properties):
+        return False
+    return (report.passed and hasattr(report, "wasxfail")) or \
+        (report.failed and str(report.longrepr).startswith("[XPASS(strict)]"))
 
 
 class Ranks:
@@ -261,7 +287,10 @@ def ranks(request: pytest.FixtureRequest) -> Ranks:
 
 
 def _message(report: pytest.TestReport) -> str:
-    if hasattr(report, "wasxfail") and report.skipped:
+    if _is_unexpected_pass(report):
+        reason = report.wasxfail if hasattr(report, "wasxfail") else str(report.longrepr)
+        text = "passed: " + reason.removeprefix("[XPASS(strict)] ")
+    elif hasattr(report, "wasxfail") and report.skipped:
         text = report.wasxfail
     elif report.skipped and isinstance(report.longrepr, tuple):
         text = report.longrepr[2].removeprefix("Skipped: ")
@@ -274,6 +303,8 @@ def _message(report: pytest.TestReport) -> str:
 
 
 def _outcome(report: pytest.TestReport) -> str | None:
+    if _is_unexpected_pass(report):
+        return UNEXPECTED_PASS
     if report.when == "call":
         if hasattr(report, "wasxfail"):
             return "xfailed" if report.skipped else "xpassed"
@@ -295,6 +326,7 @@ class ConformanceRun:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.verdicts: dict[str, tuple[str, str, str]] = {}  # nodeid -> (suite, outcome, message)
+        self.known_failures: dict[str, KnownFailureApplied] = {}
         self.durations: defaultdict[str, float] = defaultdict(float)
         self.worker_events: list[str] = []
         self.running: tuple[str, str] | None = None  # (nodeid, suite) of the test in progress
@@ -310,6 +342,15 @@ class ConformanceRun:
             return []
         return _session(config).header_lines()
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):
+        # Outside pytest's skipping plugin, which has turned a passing xfail into an xpass by now.
+        report = yield
+        if _is_unexpected_pass(report):
+            item.user_properties.append((OUTCOME_PROPERTY, UNEXPECTED_PASS))  # the teardown report's too (JUnit)
+            report.user_properties.append((OUTCOME_PROPERTY, UNEXPECTED_PASS))
+        return report
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Setup, call and teardown each report: every phase's time counts, the call's outcome is
         # the verdict unless a phase failed or skipped (an error in teardown overrides a pass).
@@ -317,10 +358,13 @@ class ConformanceRun:
         outcome = _outcome(report)
         if outcome is not None and (outcome != "passed" or report.nodeid not in self.verdicts):
             self.verdicts[report.nodeid] = (suite_name(report.location[0]), outcome, _message(report))
+        known = _known_failure(report)
+        if known is not None:
+            self.known_failures[report.nodeid] = known
 
     def results(self) -> list[TestResult]:
         return [TestResult(nodeid=nodeid, suite=suite, outcome=outcome, duration=self.durations[nodeid],
-                           message=message)
+                           message=message, known_failure=self.known_failures.get(nodeid))
                 for nodeid, (suite, outcome, message) in self.verdicts.items()]
 
     @pytest.hookimpl(optionalhook=True)

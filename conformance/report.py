@@ -24,6 +24,7 @@ __all__ = [
     "CapabilityStatus",
     "ConformanceReport",
     "HostInfo",
+    "KnownFailureApplied",
     "RankOutcome",
     "ReportValidationError",
     "Summary",
@@ -37,9 +38,13 @@ __all__ = [
     "write_report",
 ]
 
-SCHEMA_VERSION = "1.0"
-OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error")
-Outcome = Literal["passed", "failed", "skipped", "xfailed", "xpassed", "error"]
+# 1.1 added the unexpected_pass outcome, tests[].known_failure and summary.unexpected_passes; a 1.0 report is
+# a valid 1.1 report, so readers accept both.
+SCHEMA_VERSION = "1.1"
+# unexpected_pass: a test that a descriptor's known failure covers passed (news: bound or remove the entry);
+# xpassed stays what pytest means by it, a test's own non-strict xfail marker that passed.
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "unexpected_pass")
+Outcome = Literal["passed", "failed", "skipped", "xfailed", "xpassed", "error", "unexpected_pass"]
 
 
 class _Model(BaseModel):
@@ -80,6 +85,7 @@ class Summary(_Model):
     xfailed: int = 0
     xpassed: int = 0
     errors: int = 0
+    unexpected_passes: int = Field(default=0, description="known failures that passed (not failures)")
     total: int = 0
 
 
@@ -92,6 +98,15 @@ class RankOutcome(_Model):
     message: str = ""
 
 
+class KnownFailureApplied(_Model):
+    """The descriptor's known-failure entry that applied to a test (as written in the descriptor)."""
+
+    match: str
+    reason: str
+    link: str
+    torch: str | None = Field(default=None, description="the entry's torch bound (PEP 440), if it has one")
+
+
 class TestResult(_Model):
     nodeid: str
     suite: str
@@ -100,6 +115,8 @@ class TestResult(_Model):
     message: str = Field(default="", description="first lines of the failure, skip or xfail reason")
     ranks: list[RankOutcome] = Field(
         default_factory=list, description="under a launcher: every rank's outcome and node (outcome is the worst)")
+    known_failure: KnownFailureApplied | None = Field(
+        default=None, description="the known-failure entry that applied (xfailed, skipped or unexpected_pass)")
 
 
 class ConformanceReport(_Model):
@@ -107,7 +124,7 @@ class ConformanceReport(_Model):
 
     model_config = ConfigDict(extra="forbid", title="Conformance report")
 
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1"] = SCHEMA_VERSION
     backend: BackendInfo
     torch: TorchInfo
     host: HostInfo
@@ -131,7 +148,7 @@ def summarize(tests: list[TestResult]) -> Summary:
         counts[test.outcome] += 1
     return Summary(passed=counts["passed"], failed=counts["failed"], skipped=counts["skipped"],
                    xfailed=counts["xfailed"], xpassed=counts["xpassed"], errors=counts["error"],
-                   total=len(tests))
+                   unexpected_passes=counts["unexpected_pass"], total=len(tests))
 
 
 def report_schema() -> dict:

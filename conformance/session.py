@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conformance.capabilities import CapabilityReport, probe_capabilities
 from conformance.descriptors import CAPABILITIES, BackendDescriptor, DescriptorError, load_descriptors
-from conformance.detect import resolve_backend
+from conformance.detect import absent_accelerator_note, resolve_backend
 from conformance.report import (BackendInfo, CapabilityStatus, ConformanceReport, HostInfo, RankOutcome,
                                 TestResult, TorchInfo, summarize)
 
@@ -72,6 +72,7 @@ class ConformanceSession:
     finishing: bool = False  # the session's end has begun: a SIGTERM then only shortens the waits
     lost_ranks: list[int] = field(default_factory=list)  # rank 0: ranks that never reported their verdicts
     followers_failed: bool = False  # rank 0: another rank's own session failed (usage error, crash)
+    detection_note: str | None = None  # why a detected backend is not the one torch was built for
 
     @classmethod
     def create(cls, options: RunOptions) -> "ConformanceSession":
@@ -93,8 +94,11 @@ class ConformanceSession:
             world_size = options.world_size or default_world_size(descriptor)
             ranks_here = world_size
         check_devices(descriptor, ranks_here, _device_count(descriptor))
-        session = cls(options=options, descriptor=descriptor, capabilities=capabilities,
-                      world_size=world_size, available_ranks=world_size, launcher=launcher)
+        note = absent_accelerator_note() if options.backend == "auto" else None
+        if note is not None:
+            note += f", so it runs {descriptor.name} over {descriptor.distributed_backend}"
+        session = cls(options=options, descriptor=descriptor, capabilities=capabilities, world_size=world_size,
+                      available_ranks=world_size, launcher=launcher, detection_note=note)
         on_ranks[0] = lambda: session.pool(session.world_size).probed_on_ranks()
         return session
 
@@ -225,6 +229,13 @@ class ConformanceSession:
         got = end.await_code(self._end_timeout() + ACK_TIMEOUT_MARGIN)
         return 0 if got is not None else (own or 1)
 
+    @property
+    def torch_version(self) -> str:
+        """The running torch's version, which known failures' ``torch`` bounds are evaluated against."""
+        import torch
+
+        return torch.__version__
+
     # -- header and report ------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
         import torch
@@ -235,6 +246,8 @@ class ConformanceSession:
             f"distributed backend {d.distributed_backend}, torch {torch.__version__}, "
             f"world size {self.world_size} (ranks available: {self.available_ranks})",
         ]
+        if self.detection_note:
+            lines.append(f"conformance: {self.detection_note}")
         for name in CHEAP_PROBES:  # the rest (imports of DTensor, Dynamo) only when a selected test needs them
             self.capabilities.probes[name]
         probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
@@ -244,6 +257,11 @@ class ConformanceSession:
                      + (" (?: not needed by the selected tests, not probed)" if len(probed) < len(CAPABILITIES) else ""))
         for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
+        bounded = [kf for kf in d.known_failures if kf.torch is not None]
+        if bounded:
+            outside = sum(not kf.applies_to_torch(self.torch_version) for kf in bounded)
+            lines.append(f"conformance: known failures: {len(d.known_failures) - outside} of {len(d.known_failures)} "
+                         f"entries apply to torch {self.torch_version} ({outside} bounded to other versions)")
         return lines
 
     def build_report(self, tests: list[TestResult], extra_events: list[str] = ()) -> ConformanceReport:
@@ -266,7 +284,7 @@ class ConformanceSession:
         )
 
 
-_SEVERITY = ("error", "failed", "xpassed", "passed", "xfailed", "skipped")
+_SEVERITY = ("error", "failed", "xpassed", "unexpected_pass", "passed", "xfailed", "skipped")
 
 
 def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
@@ -281,6 +299,7 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
         worst = min(entries, key=lambda e: (_SEVERITY.index(e[2].outcome), e[0]))[2]
         merged.append(TestResult(
             nodeid=nodeid, suite=worst.suite, outcome=worst.outcome, message=worst.message,
+            known_failure=worst.known_failure,
             duration=max(e[2].duration for e in entries),
             ranks=[RankOutcome(rank=r, node=node, outcome=t.outcome, message=t.message if t.outcome != "passed" else "")
                    for r, node, t in entries]))
@@ -322,6 +341,14 @@ def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: 
     peers put one rank per device; two ranks sharing one fail at the first collective, far from the cause."""
     if device_count is None or ranks_here <= device_count:
         return
+    if device_count == 0:
+        import torch
+
+        raise WorldSizeError(
+            f"backend {descriptor.name} runs one rank per {descriptor.device_type} device, and this machine has 0 "
+            f"{descriptor.device_type} devices (torch {torch.__version__}; torch.accelerator finds none): run it "
+            f"where {descriptor.device_type} devices are present, or leave --backend out to test what this machine "
+            "has (CPU over gloo when it has no accelerator)")
     raise WorldSizeError(
         f"{ranks_here} ranks on this machine need {ranks_here} {descriptor.device_type} devices (one rank per device "
         f"for {descriptor.distributed_backend}), but it has {device_count}: pass --world-size {device_count} or "

@@ -1,18 +1,20 @@
 """CI relay: upstream GitHub webhooks in, downstream ``repository_dispatch`` out, results back as checks.
 
-Follow a webhook through the modules: ``app`` (every router) -> ``intake`` (verify, normalise with
-``events``, route with ``trust``, store) -> ``store/`` (delivery + outbox rows, one transaction) ->
-``dispatch`` (claim, send through ``github``, record the outcome and the run it starts).
-Follow a result back: ``callbacks`` (who calls: ``oidc``; which transition: ``run_states``) ->
-``store/`` (the run and its per-test results) -> ``reporting`` (check run or commit status, by
-``trust`` level, through ``github``); ``sweeper`` times out runs whose callbacks never came,
-``rerun`` dispatches again on request, ``level_review`` recommends promotions and demotions,
-``level_watch`` holds a backend found below its level's bar, ``proposals`` opens level changes (and
-quarantine releases) as pull requests on the descriptor repository with ``descriptor_edits``,
-``descriptor_reload`` applies edited descriptors (a level change re-decides open PRs' checks), and
-``dashboard/`` shows it all. ``wiring`` assembles the results side's parts; ``settings`` is the
-configuration, ``observability`` the logs, ``/healthz``, ``/readyz`` and ``/metrics``, ``cli`` the ``relay``
-command, and ``testing/`` a fake GitHub and OIDC issuer for tests (also for backend owners).
+One folder per flow, over shared vocabulary (see ``docs/internals.md``):
+
+* ``intake/``: a signed webhook -> ``events`` (normalised) -> ``trust`` (routed) -> ``store/`` (delivery
+  and outbox rows, one transaction);
+* ``dispatch/``: outbox rows -> ``repository_dispatch`` through ``github``; re-run requests -> outbox rows;
+* ``results/``: a callback (``routes``; who calls: ``oidc``) -> ``receiver`` (which transition:
+  ``run_states``) -> ``store/`` -> ``reporter`` (``verdict`` and ``summary``: a check run or commit status
+  by ``trust`` level, through ``github``); ``sweeper`` times out runs whose callbacks never came;
+* ``levels/``: the level review, level holds, level-change pull requests, the descriptor reload and
+  the ``relay levels`` commands;
+* ``web/``: what routes share, and ``/healthz``, ``/readyz``, ``/metrics``; ``dashboard/``: the pages.
+
+``app`` lists every router, ``parts`` builds every part, ``cli`` is the ``relay`` command; ``settings``,
+``metrics``, ``logs`` and ``periodic`` (every background worker's thread) are shared; ``testing/`` holds a
+fake GitHub and OIDC issuer for tests (also for backend owners).
 
 The package never imports torch; of ``conformance`` it reads only ``conformance.descriptors`` (the
 allowlist) and ``conformance.report`` (the report schema callbacks validate against).

@@ -45,10 +45,10 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relay.app import create_app
-    from relay.observability import configure_logging
+    from relay.logs import configure_logging
     from relay.parts import parts_of
-    from relay.serving import uvicorn_options
     from relay.store import StoreUnavailable
+    from relay.web.serving import uvicorn_options
 
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format)
@@ -70,15 +70,15 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _levels_arguments(parser: argparse.ArgumentParser) -> None:
-    from relay.level_review import _review_arguments
+    from relay.levels.commands import arguments
 
-    _review_arguments(parser)
+    arguments(parser)
 
 
 @subcommand("levels", "level review (each backend against its level criteria, promotion/demotion advice) "
                       "and restore (end a backend's level hold)", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
-    from relay.level_review import levels_command
+    from relay.levels.commands import levels_command
 
     return levels_command(args)
 

@@ -179,7 +179,7 @@ def normalise(event: str, delivery: str, payload: dict[str, Any]) -> UpstreamEve
     """normalise(event, delivery, payload) -> UpstreamEvent; raises PayloadError naming a missing or bad field.
 
     Every field the relay keeps is checked here (types, integer ranges, lengths, 40-hex shas), so that
-    nothing stored can later fail a database write; :mod:`relay.json_input` has already refused text
+    nothing stored can later fail a database write; :mod:`relay.web.json_input` has already refused text
     that is not valid Unicode.
     """
     repository = _text(payload, "repository.full_name", _MAX_REPOSITORY)

@@ -13,7 +13,7 @@ Auth: a token (``RELAY_GITHUB_TOKEN``), or a GitHub App whose installation token
 downstream repository and refreshed before it expires. ``credential_for(repo)`` names the credential a
 repository's calls are charged to, so that rate limits are honoured per credential.
 
-Also triggered by the level-change proposals (:mod:`relay.proposals`): a file's content at a ref, a
+Also triggered by the level-change proposals (:mod:`relay.levels.proposals`): a file's content at a ref, a
 branch created or moved, a file updated on a branch (the contents API), the pull requests of a head
 branch, a pull request opened or updated.
 

@@ -1,6 +1,8 @@
 """A background thread that runs one pass of work every few seconds until the app stops.
 
-Used by the sweeper, the re-run watcher, the level watch and the proposer (``RunsPeriodically``): a pass that raises is logged and the next pass runs as
+Every background worker of the relay runs on it: the dispatcher and the reporting worker (each asks
+for its own wait after every pass, ``next_wait``), the sweeper, the re-run watcher, the level watch,
+the proposer and the descriptor reload (``RunsPeriodically``). A pass that raises is logged and the next pass runs as
 planned, so one bad row never stops the loop. The passes handle bad rows themselves (quarantine, see
 ``relay.store.quarantine``); a pass that still raises means the worker itself is failing, and after
 ``FAILING_AFTER`` such passes in a row :meth:`PeriodicThread.problem` says so (``/readyz`` reports it).
@@ -20,13 +22,16 @@ FAILING_AFTER = 3  # passes failed in a row before the worker counts as failing
 
 
 class PeriodicThread:
-    """Calls ``work()`` every ``interval`` seconds (0: only when woken) on a daemon thread named ``name``."""
+    """Calls ``work()`` every ``interval`` seconds (0: only when woken) on a daemon thread named ``name``;
+    with ``next_wait``, the seconds to wait after each pass are asked of it instead (0: the next pass at once)."""
 
-    def __init__(self, name: str, interval: float, work: Callable[[], object], *, first_after_interval: bool = False):
+    def __init__(self, name: str, interval: float, work: Callable[[], object], *, first_after_interval: bool = False,
+                 next_wait: Callable[[], float] | None = None):
         self.name = name
         self.interval = interval
         self.work = work
         self.first_after_interval = first_after_interval  # False: the first pass runs at start
+        self.next_wait = next_wait
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -46,6 +51,17 @@ class PeriodicThread:
     def wake(self) -> None:
         """Run the next pass now instead of at the end of the interval."""
         self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """The worker was told to stop: a long pass ends early."""
+        return self._stop.is_set()
+
+    def pause(self, seconds: float) -> None:
+        """At the start of a pass: wait ``seconds`` unless the worker stops first. A wake does not end it,
+        and the wakes that came meanwhile are spent: the rest of the pass sees what they announced."""
+        self._stop.wait(seconds)
+        self._wake.clear()
 
     def problem(self) -> str | None:
         """None while the worker works; else a sentence naming it, its failed passes and the last error."""
@@ -68,7 +84,12 @@ class PeriodicThread:
             self._wait()
 
     def _wait(self) -> None:
-        self._wake.wait(self.interval if self.interval > 0 else None)  # 0: only when woken
+        if self.next_wait is not None:
+            seconds = self.next_wait()
+            if seconds > 0:
+                self._wake.wait(seconds)
+        else:
+            self._wake.wait(self.interval if self.interval > 0 else None)  # 0: only when woken
         self._wake.clear()
 
 

@@ -15,51 +15,11 @@ unknown     no usable git_version (a build without git metadata, ``Unknown``): n
 
 Upstream a run whose verdict is not ``matched`` is never a pass: at L4 it is a ``failure`` and at L3
 ``neutral``, each with :func:`describe`'s sentence, whatever the suite's own conclusion was.
+
+The rule itself is :mod:`conformance.provenance`: the CI job applies the same one before the suite
+(``conformance preflight torch``), so the two sides can never disagree on what a match is.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import enum
-import re
+from conformance.provenance import Provenance, ProvenanceCheck, check, describe
 
 __all__ = ["Provenance", "ProvenanceCheck", "check", "describe"]
-
-_SHA = re.compile(r"[0-9a-f]{7,64}")
-_MIN_PREFIX = 7  # git's shortest abbreviation: a shorter string could name many commits
-
-
-class Provenance(str, enum.Enum):
-    matched = "matched"
-    mismatched = "mismatched"
-    unknown = "unknown"
-
-
-@dataclasses.dataclass(frozen=True)
-class ProvenanceCheck:
-    verdict: Provenance
-    tested: str  # the report's torch.git_version, as sent (cut to 64 characters)
-
-
-def check(tested_git_version: str | None, dispatched_sha: str) -> ProvenanceCheck:
-    """check(report's torch.git_version, dispatched commit) -> the verdict.
-
-    An abbreviated hash on either side matches when it is a prefix of the other, at least 7 characters."""
-    tested = (tested_git_version or "").strip()
-    tested_key, expected = tested.lower(), dispatched_sha.strip().lower()
-    if not _SHA.fullmatch(tested_key) or not _SHA.fullmatch(expected):
-        return ProvenanceCheck(Provenance.unknown, tested[:64])
-    shorter, longer = sorted((tested_key, expected), key=len)
-    same = len(shorter) >= _MIN_PREFIX and longer.startswith(shorter)
-    return ProvenanceCheck(Provenance.matched if same else Provenance.mismatched, tested[:64])
-
-
-def describe(verdict: str | None, tested: str | None, dispatched_sha: str) -> str | None:
-    """The sentence shown upstream and on the dashboard when the tested torch is not the dispatched one."""
-    if verdict == Provenance.mismatched.value:
-        return (f"wrong torch: tested torch built from {tested[:12]}, expected {dispatched_sha[:12]} "
-                "(this result is not for this commit)")
-    if verdict == Provenance.unknown.value:
-        return (f"unknown torch: the report's torch.git_version is {tested or 'empty'!r}, expected "
-                f"{dispatched_sha[:12]} (this result cannot be tied to this commit)")
-    return None

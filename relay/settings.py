@@ -170,7 +170,7 @@ class Settings(BaseSettings):
     level_l3_success_rate: float = Field(0.90, ge=0, le=1)
     level_max_time_to_result_seconds: float = Field(3 * 3600.0, gt=0)
     level_min_runs: int = Field(5, ge=1)
-    level_watch_enabled: bool = Field(True, description="hold backends found below their level's bar (relay.level_watch)")
+    level_watch_enabled: bool = Field(True, description="hold backends found below their level's bar (relay.levels.watch)")
     level_watch_seconds: float = Field(300.0, gt=0, description="how often the level watch reviews every backend")
     level_hold_recovery_hours: float = Field(
         24.0, ge=0, description="a held backend back above its bar for this long is no longer held (L4: blocks again)",

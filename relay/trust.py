@@ -1,7 +1,7 @@
 """Trust levels: the one table of what each level may do, and the backend targets it applies to.
 
 Triggered at start-up and at each descriptor reload (``load_allowlist`` reads the backend descriptors'
-``relay`` sections; ``relay.descriptor_reload``) and
+``relay`` sections; ``relay.levels.allowlist_reload``) and
 asked by every part that depends on a backend's level: intake (``route``: does it get the event?),
 callback authentication (``BackendTarget.accepts_results``), reporting (``shows_on_pr``, ``blocks_under``:
 a level hold suspends a blocking level's check, see :func:`suspends_blocking`),
@@ -13,7 +13,7 @@ What a backend must show to hold a level, and to be promoted into it, is data to
 :data:`LEVEL_CRITERIA` (one :class:`LevelCriteria` per level, each criterion a measure, a bar and a
 window). The defaults for L3 are the criteria ratified upstream: average queue under 30 min,
 end-to-end p50 under 3 h and a time-out rate under 1 % over 7 days, under 1 % of runs over 3 h over
-14 days, entered after at least 30 days at L2 with 14 days of data. ``relay.level_review`` measures
+14 days, entered after at least 30 days at L2 with 14 days of data. ``relay.levels.review`` measures
 runs against them.
 
 The four switches and the L1-L4 presets follow PyTorch's RFC-0050 relay, so an allowlist written for
@@ -283,7 +283,7 @@ class BackendTarget:
 
     def blocks_under(self, hold: "HeldBelowBar | None") -> bool:
         """Whether its check may fail the PR now: its level blocks, and no active hold of that level
-        (the backend found below the level's hold bar, ``relay.level_watch``) suspends it."""
+        (the backend found below the level's hold bar, ``relay.levels.watch``) suspends it."""
         return self.blocks and not suspends_blocking(self, hold)
 
     def shows_on_pr(self, pr_labels: Sequence[str] | None) -> bool:

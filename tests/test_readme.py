@@ -35,3 +35,35 @@ def test_quick_start_commands_are_the_documented_ones():
     ci = (README.parent / ".ci" / "run").read_text()
     test_command = re.search(r"then runs the test command, `([^`]+)`", text.replace("\n", " ")).group(1)
     assert ci.rstrip().splitlines()[-1] == test_command
+
+
+# A path the README or a guide names: from one of the project's top folders, up to the first character
+# no path of this tree holds. One followed by a placeholder or a pattern (``<backend>``, ``{o}``, ``*``)
+# names a family, not a file, and is left out; so is one inside a URL.
+_TOP_FOLDERS = ("relay", "conformance", "tests", "bench", "docs", "backends", "schemas", "workflows", ".github", ".ci")
+_PATH = re.compile(r"(?<![\w./:-])(?:%s)/[\w./-]*" % "|".join(re.escape(top) for top in _TOP_FOLDERS))
+
+
+def _named_paths(document: Path) -> set[str]:
+    text = document.read_text()
+    named = set()
+    for match in _PATH.finditer(text):
+        if text[match.end():match.end() + 1] in ("<", "{", "*", "["):
+            continue
+        named.add(match.group(0).rstrip(".,:;)"))
+    return named
+
+
+# Named in the docs, and rightly not in this tree.
+_ELSEWHERE = {
+    "tests/1/outcome": "a place inside a report, in an error's detail (callback-contract.md)",
+    ".github/workflows/crcr.yml": "where a backend repository puts its caller (onboarding.md)",
+    "conformance/suites/test_example.py": "the file the suite authors' example makes (suite-authors.md)",
+}
+
+
+def test_every_path_the_docs_name_exists():
+    documents = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    missing = [f"{document.relative_to(ROOT)}: {path}" for document in documents
+               for path in sorted(_named_paths(document) - set(_ELSEWHERE)) if not (ROOT / path).exists()]
+    assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, backend_or_404, context, iso, render
-from relay.level_review import review, weekly_history
+from relay.levels.review import review, weekly_history
 
 router = APIRouter()
 

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
-from relay.level_review import review
+from relay.levels.review import review
 
 router = APIRouter()
 

@@ -18,7 +18,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from relay.level_review import criteria_from_settings
+from relay.levels.review import criteria_from_settings
 from relay.parts import parts_of
 from relay.trust import BackendTarget, LevelCriteria, TrustLevel
 
@@ -40,6 +40,7 @@ _OUTCOME_CLASS = {
     "success": "ok", "failure": "bad", "timed_out": "bad", "action_required": "bad", "neutral": "warn",
     "cancelled": "muted", "skipped": "muted", "dispatched": "pending", "in_progress": "pending",
     "passed": "ok", "failed": "bad", "error": "bad", "xpassed": "bad", "xfailed": "muted",
+    "unexpected_pass": "ok",
 }
 
 

@@ -57,25 +57,25 @@ class RunPage(BaseModel):
     failures: list[Failure]
 
 
+_TIMES = ("dispatched_at", "started_at", "finished_at")
+
+
 def build(ctx: DashboardContext, run_pk: int) -> RunPage:
     run = ctx.store.run(run_pk)
     if run is None or run.backend not in ctx.backends:
         raise HTTPException(404, f"no run {run_pk} on the dashboard")
     failures = ctx.store.test_results([run.id], FAILING_OUTCOMES)
     summary = run.summary or {}
-    return RunPage(
-        run=run.id, backend=run.backend, level=ctx.backends[run.backend].level.value, event=run.event,
-        upstream_repository=run.upstream_repository, pr_number=run.pr_number, title=run.title, head_sha=run.head_sha,
-        head_ref=run.head_ref, run_id=run.run_id, run_attempt=run.run_attempt, run_url=run.run_url, state=run.state,
-        conclusion=run.conclusion, outcome=run.outcome, reason=run.reason, dispatched_at=iso(run.dispatched_at),
-        started_at=iso(run.started_at), finished_at=iso(run.finished_at), queue_seconds=run.queue_seconds,
-        execution_seconds=run.execution_seconds, torch_version=run.torch_version,
-        torch_git_version=run.torch_git_version, provenance=run.provenance, provenance_problem=run.provenance_problem,
-        counts=summary.get("counts") or {},
-        suites=summary.get("suites") or {},
-        failures=[Failure(test_id=f.test_id, suite=f.suite, outcome=f.outcome, duration=f.duration, message=f.message)
-                  for f in failures],
-    )
+    # The page is the store's run view (every field of RunPage it has, read as it is), with times in
+    # ISO form, the backend's level, the report's counts and the failing tests.
+    shown = {name: getattr(run, name) for name in RunPage.model_fields if hasattr(run, name)}
+    return RunPage(**{
+        **shown, "run": run.id, "level": ctx.backends[run.backend].level.value,
+        **{name: iso(getattr(run, name)) for name in _TIMES},
+        "counts": summary.get("counts") or {}, "suites": summary.get("suites") or {},
+        "failures": [Failure(test_id=f.test_id, suite=f.suite, outcome=f.outcome, duration=f.duration, message=f.message)
+                     for f in failures],
+    })
 
 
 @router.get("/api/runs/{run}", response_model=RunPage, tags=["dashboard API"],

@@ -34,9 +34,9 @@ _EXPORTS = {
     "NewDelivery": "relay.store.deliveries",
     "NewDispatch": "relay.store.dispatches",
     "PullRequestSnapshot": "relay.store.pull_requests",
-    "Store": "relay.store.store",
+    "Store": "relay.store.facade",
     "StoreRefused": "relay.store.errors",
-    "StoreUnavailable": "relay.store.store",
+    "StoreUnavailable": "relay.store.facade",
 }
 
 __all__ = sorted(_EXPORTS)

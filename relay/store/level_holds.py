@@ -1,6 +1,6 @@
 """Level holds: a backend found below its level's hold bar, since when, why, and how it ended.
 
-Written by the level watch (``relay.level_watch``: opens a hold when a backend's level review falls
+Written by the level watch (``relay.levels.watch``: opens a hold when a backend's level review falls
 below a ``hold`` criterion of its level, notes when it is back above, ends it after the configured
 time above), by ``relay levels restore`` (a person ends it) and by a descriptor reload that changes the
 backend's level. Read by reporting through the trust module (a backend at a blocking level reports

@@ -3,7 +3,7 @@
 A repository name can change hands (deleted and re-created, or its owner renamed), while GitHub's
 numeric ids cannot. When a backend's relay section records no ids, the first authenticated OIDC
 callback pins the ids its token carries, and every later token must carry the same. Written and read
-by callback authentication (:mod:`relay.oidc`), through the store.
+by callback authentication (:mod:`relay.results.oidc`), through the store.
 """
 
 from __future__ import annotations

@@ -46,6 +46,31 @@ def test_run_exits_non_zero_when_a_known_failure_is_not_declared(tmp_path):
     assert "Cannot use ReduceOp.PREMUL_SUM with Gloo" in report.tests[0].message
 
 
+def test_an_unexpected_pass_is_named_with_its_entry_and_does_not_fail_the_run(tmp_path):
+    data = yaml.safe_load((packaged_backends_dir() / "cpu.yaml").read_text())
+    data["known_failures"] = [{"match": "collectives::test_all_reduce[SUM-float32]", "reason": "a bug fixed since",
+                               "link": "https://example.org/fixed", "torch": ">=2.12"}]
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    args = ("run", "--suite", "collectives", "--backends-dir", str(tmp_path), "--report", "r.json",
+            "--", "-k", "test_all_reduce and (SUM-float32 or SUM-int64) and not PREMUL")
+    result = conformance(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = validate_report(json.loads((tmp_path / "r.json").read_text()))
+    assert (report.summary.passed, report.summary.unexpected_passes, report.summary.failed) == (1, 1, 0)
+    table = result.stdout[result.stdout.index("conformance on cpu"):]
+    assert "xpassed  unexpected passes" in table.splitlines()[1]
+    assert table.splitlines()[3].split() == ["collectives", "1", "0", "0", "0", "0", "0", "1"]
+    version = report.torch.version.split("+")[0]
+    assert (f"UNEXPECTED PASSES: 1 tests that known failures of cpu cover passed on torch {report.torch.version}; "
+            f"bound each entry below (torch: \"<{version}\", or tighter) or remove it:") in result.stdout
+    assert (f"  'collectives::test_all_reduce[SUM-float32]' (1 test; torch: \">=2.12,<{version}\"): a bug fixed since "
+            "(https://example.org/fixed)") in result.stdout
+
+    strict = conformance(*args[:-3], "--strict-known-failures", *args[-3:], cwd=tmp_path)
+    assert strict.returncode == 1, strict.stdout[-3000:] + strict.stderr[-3000:]
+    assert "[XPASS(strict)] known failure on cpu: a bug fixed since" in strict.stdout
+
+
 def test_unknown_suite_is_refused(tmp_path):
     result = conformance("run", "--suite", "nope", cwd=tmp_path)
     assert result.returncode == 1

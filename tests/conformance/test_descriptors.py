@@ -11,8 +11,9 @@ import yaml
 
 from conformance.capabilities import probe_capabilities
 from conformance.descriptors import (CAPABILITIES, DescriptorError, load_descriptor, load_descriptors,
-                                     packaged_backends_dir)
-from conformance.detect import detect_backend, resolve_backend
+                                     packaged_backends_dir, torch_in_bound)
+from conformance.detect import (absent_accelerator_note, build_accelerator, detect_backend, local_accelerator,
+                                resolve_backend)
 
 BACKENDS = packaged_backends_dir()
 VALID = {
@@ -39,6 +40,14 @@ def test_packaged_descriptors_cover_the_main_backends():
     assert descriptors["xpu"].distributed_backend == "xccl"
 
 
+def test_tolerances_are_read_per_dtype_and_absent_by_default(tmp_path):
+    path = write(tmp_path, "mine", {**VALID, "tolerances": {"float32": {"rtol": 1e-5, "atol": 1e-6}}})
+    descriptor = load_descriptor(path)
+    assert (descriptor.tolerances["float32"].rtol, descriptor.tolerances["float32"].atol) == (1e-5, 1e-6)
+    assert "bfloat16" not in descriptor.tolerances
+    assert load_descriptor(write(tmp_path, "plain", {**VALID, "name": "plain"})).tolerances == {}
+
+
 def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
     shutil.copy(BACKENDS / "privateuse1.yaml.template", tmp_path / "npu.yaml")
     descriptor = load_descriptor(tmp_path / "npu.yaml")
@@ -51,7 +60,12 @@ def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
     ({"capabilities": {**VALID["capabilities"], "warp_drive": True}},
      "capabilities: unknown capability 'warp_drive'; allowed: collectives, dtensor"),
     ({"capabilities": {"collectives": True}},
-     "capability 'dtensor', 'compile', 'aot_compile', 'symmetric_memory', 'put_signal', 'bf16' not declared"),
+     "capability 'dtensor', 'compile', 'aot_compile', 'symmetric_memory', 'put_signal', 'bf16', 'parallelisms' not "
+     "declared"),
+    ({"tolerances": {"float16": {"rtol": 0.1, "atol": 0.1}}},
+     "tolerances: unknown dtype 'float16'; allowed: float32, bfloat16"),
+    ({"tolerances": {"float32": {"rtol": -1, "atol": 0}}},
+     "tolerances.float32.rtol: Input should be greater than or equal to 0"),
     ({"world_size": 0}, "world_size: Input should be greater than or equal to 1"),
     ({"colour": "red"}, "colour: Extra inputs are not permitted -> remove 'colour'"),
     ({"detect": {}}, "detect.accelerator: Field required -> add 'detect.accelerator'"),
@@ -61,6 +75,10 @@ def test_privateuse1_template_is_a_valid_descriptor(tmp_path):
      "known_failures.0.mode: Input should be 'xfail' or 'skip'"),
     ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "min_world_size": 0}]},
      "known_failures.0.min_world_size: Input should be greater than or equal to 1"),
+    ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "torch": "before 2.15"}]},
+     "known_failures.0.torch: 'before 2.15' is not a PEP 440 version specifier -> write e.g. \"<2.15\""),
+    ({"known_failures": [{"match": "s::t", "reason": "r", "link": "l", "torch": ""}]},
+     "known_failures.0.torch: '' is empty -> remove 'torch' to apply the entry to every version"),
     ({"relay": {"repository": "not a repo"}}, "relay.repository: 'not a repo' is not 'owner/name'"),
     ({"relay": {"repository": "o/r", "level": "L5"}}, "relay.level: Input should be 'L1', 'L2', 'L3' or 'L4'"),
     ({"capabilities": {**VALID["capabilities"], "put_signal": True}},
@@ -119,9 +137,72 @@ def test_a_known_failure_that_needs_several_ranks_applies_only_at_that_world_siz
     assert descriptor.known_failure_for(test_id) is not None  # no run size: every entry that matches
 
 
+# Each form a torch version takes: a release, a local build, a release candidate, a nightly, a build from main.
+@pytest.mark.parametrize("version, bound, within", [
+    ("2.13.0", "<2.15", True),
+    ("2.15.0", "<2.15", False),
+    ("2.15.0", ">=2.15", True),
+    ("2.14.1+cu130", "<2.15", True),          # the local label is ignored
+    ("2.14.1+cu130", "==2.14.1", True),
+    ("2.15.0+cpu", ">=2.15,<2.16", True),
+    ("2.15.0rc3", "<2.15", True),             # a release candidate of 2.15 does not have all of 2.15 yet
+    ("2.15.0rc3", ">=2.15", False),
+    ("2.15.0rc3", ">=2.14", True),
+    ("2.16.0a0+git1234", "<2.16", True),      # a build from main: after 2.15, before 2.16
+    ("2.16.0a0+git1234", ">=2.15", True),
+    ("2.16.0a0+git1234", ">=2.15,<2.16", True),
+    ("2.16.0a0+git1234", "<=2.15", False),
+    ("2.16.0a0+git1234", ">=2.16", False),
+    ("2.16.0a0+git1234", "<2.16.0a0", False),  # how to exclude every main build of 2.16
+    ("2.16.0.dev20260101+cpu", "<2.16", True),  # a nightly: likewise
+    ("2.16.0.dev20260101+cpu", "<2.16.0a0", True),
+    ("2.16.0.dev20260101+cpu", "<2.16.0.dev20260101", False),
+    ("2.16.0", "<2.16", False),
+    ("2.16.0", "!=2.16.*", False),
+])
+def test_torch_bounds_compare_main_local_and_pre_release_builds(version, bound, within):
+    assert torch_in_bound(bound, version) is within
+
+
+def test_a_known_failure_bounded_by_torch_version_applies_only_within_its_bound(tmp_path):
+    fixed = {"match": "dtensor::test_x[*]", "reason": "fixed in 2.15", "link": "l", "torch": "<2.15"}
+    later = {"match": "dtensor::test_x[b]", "reason": "broke again in 2.16", "link": "l", "torch": ">=2.16.0a0"}
+    descriptor = load_descriptor(write(tmp_path, "mine", {**VALID, "known_failures": [fixed, later]}))
+    assert descriptor.known_failure_for("dtensor::test_x[a]", torch_version="2.14.1+cu130").reason == "fixed in 2.15"
+    assert descriptor.known_failure_for("dtensor::test_x[a]", torch_version="2.15.0") is None
+    # The first entry out of its bound, the next one that matches applies.
+    assert descriptor.known_failure_for("dtensor::test_x[b]", torch_version="2.16.0a0+git1234").reason == \
+        "broke again in 2.16"
+    assert descriptor.known_failure_for("dtensor::test_x[b]", torch_version="2.15.0") is None
+    assert descriptor.known_failure_for("dtensor::test_x[a]").reason == "fixed in 2.15"  # no version: any
+
+
 def test_detection_on_this_cpu_machine_picks_cpu():
     assert detect_backend(load_descriptors()).name == "cpu"
     assert resolve_backend("auto", load_descriptors()).name == "cpu"
+
+
+@pytest.mark.skipif(build_accelerator() == "none" or local_accelerator() != "none",
+                    reason="needs a torch built for an accelerator on a machine without one (e.g. the default wheel on CPU)")
+def test_an_accelerator_build_without_its_devices_runs_cpu_and_says_so():
+    import torch
+
+    from conformance.session import ConformanceSession, RunOptions
+
+    session = ConformanceSession.create(RunOptions())
+    assert session.descriptor.name == "cpu"
+    assert session.header_lines()[1] == (
+        f"conformance: torch {torch.__version__} is a {build_accelerator()} build, but this machine has no "
+        f"{build_accelerator()} device: detection follows the devices present, so it runs cpu over gloo")
+
+
+def test_detection_on_a_cpu_build_says_nothing_about_devices():
+    if build_accelerator() != "none":
+        pytest.skip(f"torch is built for {build_accelerator()}")
+    from conformance.session import ConformanceSession, RunOptions
+
+    assert ConformanceSession.create(RunOptions()).detection_note is None
+    assert absent_accelerator_note() is None
 
 
 def test_unknown_backend_and_missing_setup_module(tmp_path):
@@ -144,6 +225,9 @@ def test_unregistered_backend_fails_the_probe_with_the_fix(tmp_path):
     probe = probe_capabilities(load_descriptors(tmp_path)["oot"]).probes["collectives"]
     assert not probe.available
     assert "distributed backend 'nosuchccl' is not registered (import the module" in probe.reason
+    parallelisms = probe_capabilities(load_descriptors(tmp_path)["oot"]).probes["parallelisms"]
+    assert not parallelisms.available
+    assert parallelisms.reason.startswith("needs collectives: distributed backend 'nosuchccl' is not registered")
 
 
 def test_probes_on_cpu_record_torch_reasons_verbatim():
@@ -151,6 +235,7 @@ def test_probes_on_cpu_record_torch_reasons_verbatim():
     assert report.probes["symmetric_memory"].reason == "SymmetricMemory does not support device type cpu"
     assert report.probes["put_signal"].reason.startswith("needs symmetric memory: SymmetricMemory does not")
     assert report.probes["collectives"].available and report.probes["bf16"].available
+    assert report.probes["parallelisms"].available
     assert report.mismatches() == []
 
 

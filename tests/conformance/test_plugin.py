@@ -7,6 +7,7 @@ import os
 import textwrap
 import time
 import uuid
+from xml.etree import ElementTree
 
 import pytest
 import yaml
@@ -81,8 +82,9 @@ def outcomes(report):
 
 def test_skip_xfail_and_report(pytester, suite):
     result = pytester.runpytest_subprocess("--backends-dir", str(suite), "--conformance-report", "report.json",
-                                           "-rsxX", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=2, skipped=3, xfailed=1)
+                                           "--junitxml", "junit.xml", "-rsxX", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1, skipped=3, xfailed=1, xpassed=1)
+    assert result.ret == 1  # test_fails; the unexpected pass alone would not fail the run
     out = result.stdout.str()
     # header
     assert "conformance: backend cpu" in out and "distributed backend gloo" in out and "world size 2" in out
@@ -91,24 +93,69 @@ def test_skip_xfail_and_report(pytester, suite):
     assert "requires symmetric_memory: cpu declares symmetric_memory: false" in out
     assert "needs 4 ranks; cpu run has 2 (raise --world-size to 4)" in out
     assert "known failure on cpu: hangs the group (https://example.org/3)" in out
-    # a strict xfail that passes is a failure
-    assert "[XPASS(strict)] known failure on cpu: was wrong once" in out
+    # a known failure that passes is an unexpected pass, shown but not a failure
+    assert "XPASS test_demo.py::test_fixed_bug - known failure on cpu: was wrong once" in out
 
     report = json.loads((pytester.path / "report.json").read_text())
     validate_report(report)
     tests = outcomes(report)
     assert tests["test_sum"]["outcome"] == "passed"
+    assert tests["test_sum"]["known_failure"] is None
     assert tests["test_known_bug"]["outcome"] == "xfailed"
     assert tests["test_known_bug"]["message"] == "known failure on cpu: sums are wrong here (https://example.org/1)"
-    assert tests["test_fixed_bug"]["outcome"] == "failed"
+    assert tests["test_known_bug"]["known_failure"] == {
+        "match": "demo::test_known_bug", "reason": "sums are wrong here", "link": "https://example.org/1", "torch": None}
+    assert tests["test_fixed_bug"]["outcome"] == "unexpected_pass"
+    assert tests["test_fixed_bug"]["message"] == "passed: known failure on cpu: was wrong once (https://example.org/2)"
+    assert tests["test_fixed_bug"]["known_failure"]["match"] == "demo::test_fixed_bug"
+    assert tests["test_hang_skipped"]["known_failure"]["reason"] == "hangs the group"
     assert tests["test_fails"]["outcome"] == "failed"
     assert "wrong on purpose" in tests["test_fails"]["message"]
     assert tests["test_four"]["outcome"] == "skipped"
     assert {t["suite"] for t in tests.values()} == {"demo"}
-    assert report["summary"] == {"passed": 1, "failed": 2, "skipped": 3, "xfailed": 1, "xpassed": 0,
-                                 "errors": 0, "total": 7}
+    assert report["summary"] == {"passed": 1, "failed": 1, "skipped": 3, "xfailed": 1, "xpassed": 0,
+                                 "errors": 0, "unexpected_passes": 1, "total": 7}
     assert report["backend"]["capabilities"]["symmetric_memory"] == {
         "declared": False, "probed": False, "reason": "SymmetricMemory does not support device type cpu"}
+    # JUnit: the unexpected pass is a passing test case that says what it is and which entry it fixes
+    junit = ElementTree.parse(pytester.path / "junit.xml").getroot()
+    fixed = next(case for case in junit.iter("testcase") if case.get("name") == "test_fixed_bug")
+    assert {p.get("name"): p.get("value") for p in fixed.iter("property")} == {
+        "conformance.outcome": "unexpected_pass", "conformance.known_failure.match": "demo::test_fixed_bug",
+        "conformance.known_failure.reason": "was wrong once", "conformance.known_failure.link": "https://example.org/2"}
+    assert not list(fixed.iter("failure"))
+    failed = next(case for case in junit.iter("testcase") if case.get("name") == "test_fails")
+    assert list(failed.iter("failure")) and not list(failed.iter("property"))
+
+
+def test_strict_known_failures_make_an_unexpected_pass_fatal(pytester, suite):
+    result = pytester.runpytest_subprocess("--backends-dir", str(suite), "--conformance-report", "report.json",
+                                           "--strict-known-failures", "-k", "fixed_bug or sum", "-rfX",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == 1
+    assert "[XPASS(strict)] known failure on cpu: was wrong once" in result.stdout.str()
+    tests = outcomes(json.loads((pytester.path / "report.json").read_text()))
+    # the report still says what happened: an unexpected pass (which the relay never counts as a failure)
+    assert tests["test_fixed_bug"]["outcome"] == "unexpected_pass"
+    assert tests["test_fixed_bug"]["message"] == "passed: known failure on cpu: was wrong once (https://example.org/2)"
+
+
+def test_a_known_failure_bounded_to_other_torch_versions_does_not_apply(pytester):
+    pytester.makepyfile(test_demo=SUITE)
+    backends = pytester.mkdir("mybackends")
+    entries = cpu_descriptor()["known_failures"]
+    entries[0]["torch"] = "<2.13"  # fixed before every torch the suite supports: test_known_bug really fails
+    entries[1]["torch"] = ">=2.13"
+    (backends / "cpu.yaml").write_text(yaml.safe_dump(cpu_descriptor(known_failures=entries)))
+    result = pytester.runpytest_subprocess("--backends-dir", str(backends), "--conformance-report", "report.json",
+                                           "-k", "known_bug or fixed_bug", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, xpassed=1)
+    assert "conformance: known failures: 2 of 3 entries apply to torch " in result.stdout.str()
+    assert "(1 bounded to other versions)" in result.stdout.str()
+    tests = outcomes(json.loads((pytester.path / "report.json").read_text()))
+    assert tests["test_known_bug"]["outcome"] == "failed" and tests["test_known_bug"]["known_failure"] is None
+    assert tests["test_fixed_bug"]["known_failure"]["torch"] == ">=2.13"
 
 
 def test_report_duration_counts_setup_and_teardown(pytester):

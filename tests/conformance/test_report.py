@@ -36,10 +36,28 @@ def test_good_report_validates_and_counts_per_suite():
     assert report.suites()["collectives"].passed == 1
 
 
+def test_a_1_1_report_carries_unexpected_passes_with_their_entry_and_1_0_stays_valid():
+    data = copy.deepcopy(GOOD)
+    data["schema_version"] = "1.1"
+    entry = {"match": "collectives::test_barrier", "reason": "fixed upstream", "link": "https://example.org/1",
+             "torch": "<2.15"}
+    data["tests"][0].update(outcome="unexpected_pass", known_failure=entry)
+    data["summary"].update(passed=0, unexpected_passes=1)
+    report = validate_report(data)
+    assert report.tests[0].known_failure.torch == "<2.15"
+    assert report.suites()["collectives"].unexpected_passes == 1 and report.suites()["collectives"].failed == 0
+    assert validate_report(GOOD).schema_version == "1.0"  # a reader of 1.1 accepts 1.0 reports
+    del data["tests"][0]["known_failure"]["link"]
+    with pytest.raises(ReportValidationError) as info:
+        validate_report(data)
+    assert str(info.value).startswith("report invalid at tests/0/known_failure: {'match': 'collectives::test_barrier'")
+    assert str(info.value).endswith("is not valid under any of the given schemas")
+
+
 @pytest.mark.parametrize("mutate, expected", [
     (lambda r: r.pop("backend"), "report invalid at <root>: 'backend' is a required property"),
     (lambda r: r["tests"][0].update(outcome="exploded"), "report invalid at tests/0/outcome: 'exploded' is not one of"),
-    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '1.0' was expected"),
+    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '2.0' is not one of ['1.0', '1.1']"),
     (lambda r: r["summary"].update(passed="many"), "report invalid at summary/passed: 'many' is not of type 'integer'"),
     (lambda r: r["tests"][0].update(duration=-1), "report invalid at tests/0/duration: -1 is less than the minimum of 0"),
     (lambda r: r.update(extra=1), "Additional properties are not allowed ('extra' was unexpected)"),

@@ -18,6 +18,18 @@ def test_more_ranks_than_devices_is_refused_naming_both_numbers():
     check_devices(load_descriptors()["cpu"], 64, None)  # CPU ranks need no device each
 
 
+def test_an_accelerator_backend_on_a_machine_without_its_devices_is_refused_saying_what_to_do():
+    import torch
+
+    with pytest.raises(WorldSizeError) as info:
+        check_devices(load_descriptors()["cuda"], 2, 0)
+    assert str(info.value) == (
+        f"backend cuda runs one rank per cuda device, and this machine has 0 cuda devices (torch {torch.__version__}; "
+        "torch.accelerator finds none): run it where cuda devices are present, or leave --backend out to test what "
+        "this machine has (CPU over gloo when it has no accelerator)")
+    assert "--world-size" not in str(info.value)
+
+
 def test_a_launcher_world_size_wins_and_a_different_world_size_is_refused(monkeypatch):
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import uvicorn
 
+from relay.testing.relay_process import RelayProcess, free_port  # noqa: F401 (the tests' served relay)
+
 PAYLOADS_DIR = Path(os.environ.get("RELAY_TEST_PAYLOADS_DIR") or Path(__file__).resolve().parents[3] / "shared" / "github-payloads")
 SECRET = "test-secret"
 UPSTREAM = "pytorch/pytorch"
@@ -40,7 +42,7 @@ def write_backend(folder: Path, name: str, repository: str | None, level: str | 
     lines = [
         f"name: {name}", "device_type: cpu", "detect: {accelerator: none}", "distributed_backend: gloo",
         "capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
-        "symmetric_memory: false, put_signal: false, bf16: true}",
+        "symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}",
     ]
     if repository is not None:
         relay = f"relay: {{repository: {repository}, level: {level}"
@@ -168,69 +170,3 @@ class RelayUnderTest:
             if time.monotonic() > deadline:
                 raise AssertionError(f"outbox did not settle in {timeout}s: {depth}")
             time.sleep(0.02)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RelayProcess:
-    """``relay serve`` as a real subprocess (for kill -9 and multi-process tests); stderr goes to a log file."""
-
-    def __init__(self, env: dict[str, str], log_path: Path):
-        self.env = env
-        self.log_path = log_path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = None
-
-    def start(self, timeout: float = 60) -> "RelayProcess":
-        import os
-        import subprocess
-        import sys
-
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-        environment.update(self.env)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "relay.cli", "serve", "--port", str(self.port)],
-            stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=Path(__file__).resolve().parents[2],
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"relay serve exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"relay serve did not become healthy: {self.log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        import signal
-
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except Exception:
-                self.process.kill()
-                self.process.wait(5)
-
-    def post(self, event: str, payload: dict, delivery: str) -> httpx.Response:
-        body = json.dumps(payload).encode()
-        return httpx.post(f"{self.url}/github/webhook", content=body, timeout=30, headers={
-            "X-GitHub-Event": event, "X-GitHub-Delivery": delivery, "X-Hub-Signature-256": sign(body),
-            "Content-Type": "application/json"})

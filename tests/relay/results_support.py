@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from relay.testing.reports import conformance_report as report  # noqa: F401 (the results tests' report)
 from tests.relay.helpers import UPSTREAM, pr_payload, push_payload
 
 AUDIENCE = "crcr-relay-test"
@@ -21,7 +22,7 @@ TOKENS = {name: f"static-token-{name}-0123456789abcdef" for name in REPOS}
 def write_backends(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     caps = ("capabilities: {collectives: true, dtensor: true, compile: false, aot_compile: false, "
-            "symmetric_memory: false, put_signal: false, bf16: true}")
+            "symmetric_memory: false, put_signal: false, bf16: true, parallelisms: true}")
     for name, repo in REPOS.items():
         digest = hashlib.sha256(TOKENS[name].encode()).hexdigest()
         (folder / f"{name}.yaml").write_text(
@@ -29,29 +30,6 @@ def write_backends(folder: Path) -> Path:
             f"relay: {{repository: {repo}, level: {name.upper()}, callback_token_sha256: '{digest}'}}\n"
         )
     return folder
-
-
-def report(backend: str, tests: list[tuple[str, str, str]] | None = None, git_version: str = "a" * 40) -> dict[str, Any]:
-    """A valid conformance report; ``tests`` are (nodeid, outcome, message), suite from the file name;
-    ``git_version`` is the tested torch's commit (default: the Driver's default PR head)."""
-    tests = tests if tests is not None else [
-        ("conformance/suites/test_collectives.py::test_all_reduce[sum]", "passed", ""),
-        ("conformance/suites/test_collectives.py::test_broadcast", "failed", "AssertionError: rank 1 got 0"),
-    ]
-    rows, counts = [], {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0, "errors": 0}
-    for nodeid, outcome, message in tests:
-        suite = nodeid.split("::")[0].rsplit("/", 1)[-1].removeprefix("test_").removesuffix(".py")
-        rows.append({"nodeid": nodeid, "suite": suite, "outcome": outcome, "duration": 0.25, "message": message})
-        counts["errors" if outcome == "error" else outcome] += 1
-    return {
-        "schema_version": "1.0",
-        "backend": {"name": backend, "device_type": "cpu", "distributed_backend": "gloo", "world_size": 2,
-                    "capabilities": {"collectives": {"declared": True, "probed": True, "reason": ""}}},
-        "torch": {"version": "2.13.0", "git_version": git_version},
-        "host": {"python": "3.11", "platform": "linux", "cpu": "x86_64"},
-        "started_at": "2024-05-01T10:00:00Z", "finished_at": "2024-05-01T10:05:00Z",
-        "summary": {**counts, "total": len(rows)}, "tests": rows, "events": [],
-    }
 
 
 class Driver:

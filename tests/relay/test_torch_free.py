@@ -1,5 +1,5 @@
 """The relay imports, builds its app and serves a webhook with torch unavailable, and imports no
-``conformance`` module except the torch-free descriptors and report schema."""
+``conformance`` module except the torch-free descriptors, report schema and provenance rule."""
 
 from __future__ import annotations
 
@@ -68,4 +68,4 @@ def test_relay_runs_without_torch(tmp_path: Path):
     line = next(line for line in result.stdout.splitlines() if line.startswith("LOADED "))
     loaded = set(__import__("json").loads(line[len("LOADED "):]))
     assert not any(name == "torch" or name.startswith("torch.") for name in loaded)
-    assert loaded <= {"conformance", "conformance.descriptors", "conformance.report"}, loaded
+    assert loaded <= {"conformance", "conformance.descriptors", "conformance.report", "conformance.provenance"}, loaded

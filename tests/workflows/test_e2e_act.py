@@ -6,7 +6,8 @@ on the fake GitHub -> the dashboard's PR and run pages.
 
 Cases: a pass (the webhook's head is the installed torch's git_version) with the relay answering 503
 to the first callbacks, a real failing test (a descriptor without one of its known failures), a
-cancellation (act interrupted while the job runs), and a provenance mismatch (never a pass upstream).
+cancellation (act interrupted while the job runs), and a provenance mismatch (the job stops before the
+suite, and the PR's check says which torch it found).
 Each act run takes about 20 s (a fresh virtual environment, the package built from this checkout,
 two ranks over gloo); the relay and its fakes are shared by the token-mode cases.
 """
@@ -21,7 +22,7 @@ import pytest
 
 from relay.testing.github_openapi import default_description
 from tests.relay.helpers import PAYLOADS_DIR
-from tests.workflows.e2e_loop import BACKEND, PREMUL, Loop, torch_git_version, without_known_failure
+from bench.e2e_loop import BACKEND, PREMUL, Loop, torch_git_version, without_known_failure
 
 pytestmark = [
     pytest.mark.slow,
@@ -118,7 +119,7 @@ def test_a_real_failing_test_fails_upstream(loop, torch_commit):
 
 
 def test_cancelled_while_the_suite_runs_reaches_the_relay(loop, torch_commit):
-    sha = "c" * 40
+    sha = torch_commit  # the job checks its torch before the suite: it must be the dispatched commit's
     delivery = loop.webhook("pull_request", real_pr_webhook(103, sha))
 
     def suite_running(log: str) -> bool:
@@ -140,9 +141,12 @@ def test_provenance_mismatch_is_never_a_pass(tmp_path, torch_commit):
         assert other != torch_commit
         delivery = loop.webhook("pull_request", real_pr_webhook(104, other))
         act = loop.act(loop.dispatch_of(delivery), name="mismatch")
-        assert act.returncode == 0, act.log[-4000:]  # the suite passed: on the wrong torch
+        # The job checks the torch before the suite (issue 20): no device time is spent on the wrong build.
+        assert act.returncode != 0, act.log[-4000:]
+        assert "Run Main Run the conformance suite" not in act.log
         run = loop.wait_run(104, lambda r: r["state"] == "completed", "completed")
-        assert (run["outcome"], run["provenance"]) == ("success", "mismatched")
+        assert run["outcome"] == "failure"
+        assert run["provenance"] is None  # no report: the relay's own check has nothing to read
         import time
 
         deadline = time.monotonic() + 30

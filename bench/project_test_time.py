@@ -1,0 +1,102 @@
+"""Where the project's own test time goes: the README's test command, timed per test and per folder.
+
+    python bench/project_test_time.py [--top 30] [--depth 2] [-- <pytest arguments>]
+
+Runs the test command (default ``python -m pytest -n 2 --dist loadfile``, the README's) once with a
+JUnit file, then prints the wall time, the summed time of every test (setup, call and teardown), how
+busy the xdist workers were (summed time / (wall x workers), against a perfectly packed run: 100 %),
+the total per test folder (``--depth`` path parts) and the slowest tests. Repeatable: run it on a quiet
+machine, from a fresh clone, and compare its lines before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_COMMAND = ["-n", "2", "--dist", "loadfile"]
+
+
+def workers_of(pytest_args: list[str]) -> int:
+    for index, arg in enumerate(pytest_args):
+        if arg in ("-n", "--numprocesses") and index + 1 < len(pytest_args) and pytest_args[index + 1].isdigit():
+            return int(pytest_args[index + 1])
+        if arg.startswith("-n") and arg[2:].isdigit():
+            return int(arg[2:])
+    return 1
+
+
+def test_path(case: ET.Element) -> str:
+    """tests/relay/intake/test_x.py from a JUnit test case (its file, else its dotted class name)."""
+    file = case.get("file")
+    if file:
+        return file
+    classname = case.get("classname", "")
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        candidate = Path(*parts[:cut]).with_suffix(".py")
+        if (ROOT / candidate).is_file():
+            return str(candidate)
+    return classname
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=30, help="slowest tests to list (default 30)")
+    parser.add_argument("--depth", type=int, default=2, help="path parts per folder total (default 2)")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: the test command's arguments")
+    args = parser.parse_args()
+    pytest_args = [a for a in args.pytest_args if a != "--"] or DEFAULT_COMMAND
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", *pytest_args, "-q", f"--junitxml={junit}",
+                   "-o", "junit_duration_report=total", "-o", "junit_family=xunit1"]
+        start = time.perf_counter()
+        result = subprocess.run(command, cwd=ROOT)
+        wall = time.perf_counter() - start
+        if not junit.is_file():
+            print(f"pytest wrote no JUnit file (exit {result.returncode})", file=sys.stderr)
+            return 2
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+
+    outcomes: collections.Counter[str] = collections.Counter()
+    per_folder: collections.Counter[str] = collections.Counter()
+    per_file: collections.Counter[str] = collections.Counter()
+    timed: list[tuple[float, str]] = []
+    for case in cases:
+        seconds = float(case.get("time") or 0)
+        path = test_path(case)
+        children = {child.tag for child in case}
+        outcomes["skipped" if "skipped" in children else "failed" if children & {"failure", "error"} else "passed"] += 1
+        per_folder["/".join(Path(path).parts[: args.depth])] += seconds
+        per_file[path] += seconds
+        timed.append((seconds, f"{path}::{case.get('name')}"))
+    total = sum(seconds for seconds, _ in timed)
+    workers = workers_of(pytest_args)
+
+    print(f"\ncommand: python -m pytest {' '.join(pytest_args)}  (exit {result.returncode})")
+    print(f"wall {wall:.1f} s; tests {len(cases)} ({', '.join(f'{n} {o}' for o, n in outcomes.most_common())}); "
+          f"summed test time {total:.1f} s")
+    print(f"worker use: {total / wall:.2f} of {workers} workers busy on average ({total / (wall * workers):.0%}; "
+          "100 % is a perfectly packed run, the rest is start-up, collection and idle tails)")
+    print(f"\nper folder (depth {args.depth}):")
+    for folder, seconds in per_folder.most_common():
+        print(f"  {seconds:8.1f} s  {folder}")
+    print("\nslowest files:")
+    for path, seconds in per_file.most_common(10):
+        print(f"  {seconds:8.1f} s  {path}")
+    print(f"\nslowest {args.top} tests:")
+    for seconds, name in sorted(timed, reverse=True)[: args.top]:
+        print(f"  {seconds:8.1f} s  {name}")
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""``relay serve`` as a real subprocess on 127.0.0.1, for tests that kill it, restart it or run several.
+
+Started by a test (``RelayProcess(env, log_path).start()``, ``env`` the ``RELAY_*`` settings); waits
+until ``/readyz`` answers 200. Its output goes to ``log_path``; ``post`` sends a webhook signed with
+the first of its webhook secrets; ``kill`` is ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+
+__all__ = ["RelayProcess", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RelayProcess:
+    """``relay serve`` as a real subprocess (for kill -9 and multi-process tests); stderr goes to a log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path):
+        self.env = env
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = None
+
+    def start(self, timeout: float = 60) -> "RelayProcess":
+        import os
+        import subprocess
+        import sys
+
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        environment.update(self.env)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "relay.cli", "serve", "--port", str(self.port)],
+            stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=Path(__file__).resolve().parents[2],  # a checkout's root: its relay is the one served
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"relay serve exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"relay serve did not become healthy: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        import signal
+
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except Exception:
+                self.process.kill()
+                self.process.wait(5)
+
+    def signature(self, body: bytes) -> str:
+        """``X-Hub-Signature-256`` of ``body`` under the first of the relay's webhook secrets."""
+        secret = self.env["RELAY_WEBHOOK_SECRETS"].split(",")[0].strip()
+        return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+    def post(self, event: str, payload: dict, delivery: str) -> httpx.Response:
+        """A signed webhook of ``event`` with ``payload``, as GitHub sends it."""
+        body = json.dumps(payload).encode()
+        return httpx.post(f"{self.url}/github/webhook", content=body, timeout=30, headers={
+            "X-GitHub-Event": event, "X-GitHub-Delivery": delivery, "X-Hub-Signature-256": self.signature(body),
+            "Content-Type": "application/json"})
