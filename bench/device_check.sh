@@ -53,6 +53,16 @@ line() {  # line ITEM STATUS DETAIL...
   echo "device_check: $item $status $*"
   case $status in PASS) passed=$((passed + 1)) ;; FAIL) failed=$((failed + 1)) ;; SKIP) skipped=$((skipped + 1)) ;; esac
 }
+lines_from() {  # lines_from FILE ITEM...: each ITEM's "<item> <status> <detail>" line that a check wrote to FILE, or a FAIL
+  local file=$1 item status detail; shift
+  for item in "$@"; do
+    if read -r _ status detail < <(grep -m 1 "^$item " "$file"); then
+      line "$item" "$status" "$detail"
+    else
+      line "$item" FAIL "the check failed: $(tail -n 1 "$file" | cut -c1-200)"
+    fi
+  done
+}
 needs() {  # needs ITEM N: true when this machine has N devices, else a SKIP line
   if [ "$count" -lt "$2" ]; then
     line "$1" SKIP "needs $2 devices (one rank per device); this machine has $count"
@@ -98,13 +108,7 @@ try:
 finally:
     session.close()
 PYEOF
-if grep -q "^controllers-touch-no-device " "$OUT/controller.txt"; then
-  while read -r item status detail; do line "$item" "$status" "$detail"; done < <(grep -E "^(controllers-touch-no-device|symmetric-memory-probe|world-size-devices) " "$OUT/controller.txt")
-else
-  for item in controllers-touch-no-device symmetric-memory-probe world-size-devices; do
-    line "$item" FAIL "the probe script failed: $(tail -n 1 "$OUT/controller.txt" | cut -c1-200)"
-  done
-fi
+lines_from "$OUT/controller.txt" controllers-touch-no-device symmetric-memory-probe world-size-devices
 
 # -- what Work.wait() means: is the work complete right after it? ----------------------------------------
 if [ "$BACKEND" = cpu ]; then
@@ -140,12 +144,7 @@ print(f"wait-is-stream-ordered {status} is_completed() right after wait(): {righ
       f"synchronize: {work.is_completed()} (declared wait_blocks_host: {declared})")
 dist.destroy_process_group()
 PYEOF
-  if grep -q "^wait-is-stream-ordered " "$OUT/wait.txt"; then
-    read -r item status detail < <(grep "^wait-is-stream-ordered " "$OUT/wait.txt")
-    line "$item" "$status" "$detail"
-  else
-    line wait-is-stream-ordered FAIL "the check failed: $(tail -n 1 "$OUT/wait.txt" | cut -c1-200)"
-  fi
+  lines_from "$OUT/wait.txt" wait-is-stream-ordered
 fi
 
 # -- the suite's own tests, one selection per item ---------------------------------------------------------
@@ -212,12 +211,7 @@ try:
 finally:
     session.close()
 PYEOF
-if grep -q "^group-reset-seconds " "$OUT/reset.txt"; then
-  read -r item status detail < <(grep "^group-reset-seconds " "$OUT/reset.txt")
-  line "$item" "$status" "$detail"
-else
-  line group-reset-seconds FAIL "the measurement failed: $(tail -n 1 "$OUT/reset.txt" | cut -c1-200)"
-fi
+lines_from "$OUT/reset.txt" group-reset-seconds
 
 echo "device_check: done $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
