@@ -249,7 +249,10 @@ class ConformanceSession:
         if self.detection_note:
             lines.append(f"conformance: {self.detection_note}")
         for name in CHEAP_PROBES:  # the rest (imports of DTensor, Dynamo) only when a selected test needs them
-            self.capabilities.probes[name]
+            # Under a launcher only rank 0 prints a header: a device probe here would start the world's ranks
+            # from rank 0 alone, a collective the others never join (they probe as they collect).
+            if self.launcher is None or name not in RANK_SIDE_PROBES:
+                self.capabilities.probes[name]
         probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
         shown = [f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
                  for name in CAPABILITIES]
@@ -307,6 +310,7 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
 
 
 CHEAP_PROBES = ("collectives", "symmetric_memory", "put_signal", "bf16")
+RANK_SIDE_PROBES = ("symmetric_memory", "put_signal", "bf16")  # answered by the ranks (put_signal needs symmetric memory's)
 # Under a launcher's SIGTERM: how long rank 0 waits for the others' verdicts (torchrun sends SIGKILL 30 s after).
 TERMINATED_GATHER = 5.0
 # How much longer than rank 0's gathering the others wait for its exit code (it writes the report meanwhile).
