@@ -3,7 +3,7 @@
 What a suite author needs, re-exported here (imported lazily, so ``import conformance`` stays
 torch-free and the relay can read descriptors and the report schema without torch):
 
-* markers: ``requires(*capabilities)``, ``world_size(n)``, ``min_ranks(n)``
+* markers: ``requires(*capabilities)``, ``world_size(n)``, ``min_ranks(n)``, ``shared_dir``
 * running on ranks: ``RankContext`` (what a rank function receives), ``RankPool``, and the errors
   ``RankError``, ``RankTimeout``, ``RankCrashed``
 * checking results: ``assert_close``, ``assert_ranks_equal``, ``ConformanceFailure``
@@ -23,6 +23,7 @@ _EXPORTS = {
     "requires": ("conformance._markers", "requires"),
     "world_size": ("conformance._markers", "world_size"),
     "min_ranks": ("conformance._markers", "min_ranks"),
+    "shared_dir": ("conformance._markers", "shared_dir"),
     "RankContext": ("conformance.ranks", "RankContext"),
     "RankPool": ("conformance.ranks", "RankPool"),
     "RankError": ("conformance.ranks", "RankError"),

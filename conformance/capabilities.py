@@ -4,6 +4,12 @@ Triggered once per session by the plugin (and by ``conformance backends``). Read
 the installed torch; writes nothing. Each probe returns whether the capability works here and, when it
 does not, the exact reason (the error torch raised, verbatim where there is one), which becomes the
 skip reason of every test that needs it.
+
+The probes that touch a device (``DEVICE_PROBES``: an allocation, a kernel) run where the ranks run,
+with the ranks' settings (their device, their symmetric-memory backend): each rank runs
+``device_probes`` as it starts and its controller reads rank 0's answer. A controller never opens a
+device context itself (under torchrun, 8 controllers would each open one on device 0, and the
+symmetric-memory probe would allocate with torch's default backend, not the ranks').
 """
 
 from __future__ import annotations
@@ -11,10 +17,23 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from conformance.descriptors import CAPABILITIES, BackendDescriptor
+if TYPE_CHECKING:
+    from conformance.descriptors import BackendDescriptor
 
-__all__ = ["CapabilityReport", "Probe", "probe_capabilities"]
+__all__ = ["DEVICE_PROBES", "CapabilityReport", "Probe", "device_probes", "probe_capabilities"]
+
+# Probed on a rank (see the module docstring); the others read only torch's Python and build.
+DEVICE_PROBES = ("symmetric_memory", "bf16")
+
+
+def _capabilities() -> tuple[str, ...]:
+    # Imported here, not at the top: a rank imports this module for ``device_probes`` alone, and the
+    # descriptor schema (pydantic, yaml) would add a noticeable part of a second to every rank's start.
+    from conformance.descriptors import CAPABILITIES
+
+    return CAPABILITIES
 
 
 @dataclass(frozen=True)
@@ -29,27 +48,39 @@ class _LazyProbes(Mapping):
     selected tests need (``dtensor`` and ``compile`` import seconds of torch that a collectives run
     never uses)."""
 
-    def __init__(self, descriptor: BackendDescriptor):
+    def __init__(self, descriptor: BackendDescriptor, on_ranks=None):
         self._descriptor = descriptor
+        self._on_ranks = on_ranks
         self._done: dict[str, Probe] = {}
 
     def __getitem__(self, capability: str) -> Probe:
         if capability not in self._done:
             if capability not in _PROBES:
                 raise KeyError(capability)
-            self._done[capability] = _PROBES[capability](self._descriptor, self)
+            if capability in DEVICE_PROBES and self._on_ranks is not None:
+                self._done[capability] = self._from_ranks(capability)
+            else:
+                self._done[capability] = _PROBES[capability](self._descriptor, self)
         return self._done[capability]
 
+    def _from_ranks(self, capability: str) -> Probe:
+        try:
+            available, reason = self._on_ranks()[capability]
+        except Exception as exc:  # noqa: BLE001 - the ranks could not start: nothing was probed
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return Probe(capability, False, f"not probed: the ranks did not start ({first})")
+        return Probe(capability, available, reason)
+
     def __iter__(self):
-        return iter(CAPABILITIES)
+        return iter(_capabilities())
 
     def __len__(self) -> int:
-        return len(CAPABILITIES)
+        return len(_capabilities())
 
     @property
     def probed(self) -> list[str]:
         """The capabilities probed so far, in the canonical order."""
-        return [c for c in CAPABILITIES if c in self._done]
+        return [c for c in _capabilities() if c in self._done]
 
 
 @dataclass
@@ -58,10 +89,11 @@ class CapabilityReport:
 
     descriptor: BackendDescriptor
     probes: Mapping[str, Probe] = None  # type: ignore[assignment]
+    on_ranks: object = None  # () -> {capability: (available, reason)} of DEVICE_PROBES, as a rank found them
 
     def __post_init__(self) -> None:
         if self.probes is None:
-            self.probes = _LazyProbes(self.descriptor)
+            self.probes = _LazyProbes(self.descriptor, self.on_ranks)
 
     def usable(self, capability: str) -> tuple[bool, str]:
         """(True, "") when declared and probed; else (False, why) naming the descriptor or the probe."""
@@ -79,7 +111,7 @@ class CapabilityReport:
         """One line per capability whose declaration and probe disagree (``probed_only``: among those
         probed so far, probing nothing more)."""
         lines = []
-        names = getattr(self.probes, "probed", CAPABILITIES) if probed_only else CAPABILITIES
+        names = getattr(self.probes, "probed", _capabilities()) if probed_only else _capabilities()
         for name in names:
             declared, probe = self.descriptor.declares(name), self.probes[name]
             if declared and not probe.available:
@@ -152,11 +184,11 @@ def _probe_aot_compile(d: BackendDescriptor, compile_probe: Probe) -> Probe:
     return Probe("aot_compile", True)
 
 
-def _probe_symmetric_memory(d: BackendDescriptor) -> Probe:
+def _probe_symmetric_memory(device) -> Probe:
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
-        symm_mem.empty(16, device=_device(d))
+        symm_mem.empty(16, device=device)
     except Exception as exc:
         return Probe("symmetric_memory", False, str(exc).strip().splitlines()[0])
     return Probe("symmetric_memory", True)
@@ -188,11 +220,11 @@ def _probe_put_signal(d: BackendDescriptor, symm: Probe) -> Probe:
     return Probe("put_signal", True)
 
 
-def _probe_bf16(d: BackendDescriptor) -> Probe:
+def _probe_bf16(device) -> Probe:
     import torch
 
     try:
-        a = torch.ones(4, 4, dtype=torch.bfloat16, device=_device(d))
+        a = torch.ones(4, 4, dtype=torch.bfloat16, device=device)
         (a @ a).sum().item()
     except Exception as exc:
         return Probe("bf16", False, f"bfloat16 matmul failed: {exc}")
@@ -217,13 +249,20 @@ _PROBES = {
     "dtensor": lambda d, probes: _probe_dtensor(d),
     "compile": lambda d, probes: _probe_compile(d),
     "aot_compile": lambda d, probes: _probe_aot_compile(d, probes["compile"]),
-    "symmetric_memory": lambda d, probes: _probe_symmetric_memory(d),
+    "symmetric_memory": lambda d, probes: _probe_symmetric_memory(_device(d)),
     "put_signal": lambda d, probes: _probe_put_signal(d, probes["symmetric_memory"]),
-    "bf16": lambda d, probes: _probe_bf16(d),
+    "bf16": lambda d, probes: _probe_bf16(_device(d)),
     "parallelisms": lambda d, probes: _probe_parallelisms(d, probes["collectives"]),
 }
 
 
-def probe_capabilities(descriptor: BackendDescriptor) -> CapabilityReport:
-    """probe_capabilities(descriptor) -> CapabilityReport whose probes run in this process when first read."""
-    return CapabilityReport(descriptor)
+def device_probes(device) -> dict[str, tuple[bool, str]]:
+    """On a rank, with its device selected: ``{capability: (available, reason)}`` for ``DEVICE_PROBES``."""
+    probes = {"symmetric_memory": _probe_symmetric_memory(device), "bf16": _probe_bf16(device)}
+    return {name: (probe.available, probe.reason) for name, probe in probes.items()}
+
+
+def probe_capabilities(descriptor: BackendDescriptor, on_ranks=None) -> CapabilityReport:
+    """probe_capabilities(descriptor, on_ranks=None) -> CapabilityReport whose probes run when first read:
+    ``DEVICE_PROBES`` on the ranks (``on_ranks()`` gives their answers), or in this process without it."""
+    return CapabilityReport(descriptor, on_ranks=on_ranks)

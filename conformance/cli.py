@@ -44,6 +44,16 @@ def _common_pytest_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _launch_pytest_args(args: argparse.Namespace) -> list[str]:
+    """``run``'s options about the ranks themselves (how long a call may take, where they share files)."""
+    out = []
+    if args.rank_timeout is not None:
+        out += ["--rank-timeout", str(args.rank_timeout)]
+    if args.shared_dir is not None:
+        out += ["--shared-dir", args.shared_dir]
+    return out
+
+
 def format_table(report) -> str:
     rows = [("suite", *(HEADINGS.get(c, c) for c in COLUMNS))]
     for suite, s in report.suites().items():
@@ -121,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="conformance-run-") as tmp:
         report_path = args.report or str(Path(tmp) / "report.json")
         pytest_args = _suite_paths(args.suite) + _common_pytest_args(args)
-        pytest_args += ["--conformance-report", report_path]
+        pytest_args += ["--conformance-report", report_path] + _launch_pytest_args(args)
         if follower:
             pytest_args += ["-p", "no:terminal"]  # rank 0 prints the run, every rank's outcome included
         else:
@@ -181,7 +191,15 @@ def cmd_backends(args: argparse.Namespace) -> int:
     except DescriptorError as exc:
         print(f"conformance: {exc}", file=sys.stderr)
         return 2
-    report = probe_capabilities(shown)
+    # The device-touching probes on one rank of the backend (this process touches no device).
+    from conformance.ranks import RankPool
+
+    with RankPool(descriptor=shown.name, device_type=shown.device_type, backend=shown.distributed_backend,
+                  world_size=1, setup_modules=shown.setup_modules,
+                  symmetric_memory_backend=shown.symmetric_memory_backend) as pool:
+        report = probe_capabilities(shown, on_ranks=pool.probed_on_ranks)
+        for name in CAPABILITIES:
+            report.probes[name]
     print(f"\ncapabilities of {shown.name} (declared vs probed here):")
     for name in CAPABILITIES:
         probe = report.probes[name]
@@ -249,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--suite", action="append", help="suite to run, repeatable (default: all)")
     run.add_argument("--report", default=None, help="write the JSON report here")
     run.add_argument("--junit", default=None, help="write a JUnit XML report here")
+    run.add_argument("--rank-timeout", type=float, default=None,
+                     help="seconds a call on the ranks may take before they are replaced (default 300)")
+    run.add_argument("--shared-dir", default=None,
+                     help="a directory every rank sees, on a file system every node mounts (default: one per host)")
     run.add_argument("--strict-known-failures", action="store_true",
                      help="exit 1 when a known failure passes (default: an unexpected pass is reported, exit 0)")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER,

@@ -32,6 +32,7 @@ __all__ = [
     "KnownFailure",
     "QuarantinedTest",
     "RelayTarget",
+    "Semantics",
     "Tolerance",
     "TrustLevel",
     "descriptor_dirs",
@@ -234,6 +235,38 @@ class RelayTarget(_Strict):
         return value
 
 
+class Semantics(_Strict):
+    """How the backend behaves where torch leaves it to the backend. The suite's checks read these
+    instead of assuming gloo's behaviour; the defaults are gloo's (the CPU reference)."""
+
+    wait_blocks_host: bool = Field(
+        default=True,
+        description="Work.wait() returns once the work is complete, so is_completed() is then True (gloo); "
+                    "false: wait() only orders the current stream after the backend's (NCCL)",
+    )
+    p2p_tags: bool = Field(
+        default=True,
+        description="point-to-point messages between a pair match by tag; false: by posting order, tags ignored (NCCL)",
+    )
+    collective_timeout: Literal["raises", "aborts_process"] = Field(
+        default="raises",
+        description="a collective whose peer never comes: raises on the host when the group's timeout "
+                    "passes (gloo), or its watchdog tears the rank process down (NCCL)",
+    )
+    sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="for each semantic set here: the source line that says so (a link)",
+    )
+
+    @model_validator(mode="after")
+    def _sources_name_semantics(self) -> "Semantics":
+        unknown = sorted(set(self.sources) - (set(type(self).model_fields) - {"sources"}))
+        if unknown:
+            raise ValueError(f"sources: {', '.join(map(repr, unknown))} is not a semantic; "
+                             "allowed: wait_blocks_host, p2p_tags, collective_timeout")
+        return self
+
+
 class BackendDescriptor(_Strict):
     """One ``backends/<name>.yaml`` file."""
 
@@ -245,7 +278,8 @@ class BackendDescriptor(_Strict):
     setup_modules: tuple[str, ...] = Field(
         default=(), description="modules imported in every rank before the process group starts"
     )
-    world_size: int = Field(default=2, ge=1)
+    world_size: int | Literal["devices"] = Field(
+        default=2, description='ranks of a run unless told (--world-size); "devices": one per device of the machine')
     symmetric_memory_backend: str | None = Field(
         default=None, min_length=1,
         description="allocation backend every rank selects at start, before any allocation "
@@ -253,6 +287,7 @@ class BackendDescriptor(_Strict):
     )
     capabilities: dict[str, bool]
     known_failures: tuple[KnownFailure, ...] = ()
+    semantics: Semantics = Field(default_factory=Semantics)
     tolerances: dict[str, Tolerance] = Field(
         default_factory=dict,
         description="per dtype (float32, bfloat16): how far a parallel training run may be from the "
@@ -276,6 +311,17 @@ class BackendDescriptor(_Strict):
                 f"capability {', '.join(map(repr, missing))} not declared; "
                 "declare every capability as true or false"
             )
+        return value
+
+    @field_validator("world_size", mode="before")
+    @classmethod
+    def _positive_world_size(cls, value):
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 1:
+                raise ValueError("Input should be greater than or equal to 1")  # pydantic's own words for ge=1
+            return value
+        if value != "devices":
+            raise ValueError(f'must be a positive number of ranks, or "devices" for one rank per device; got {value!r}')
         return value
 
     @field_validator("tolerances")

@@ -39,6 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="extra descriptor directory overriding packaged ones (env CONFORMANCE_BACKENDS_DIR)")
     group.addoption("--rank-timeout", type=_parse_timeout, default=300.0,
                     help="seconds a ranks.run call may take before the pool is respawned (default 300)")
+    group.addoption("--shared-dir", default=None, metavar="DIR",
+                    help="a directory every rank sees, on a file system every node mounts (default: one per host)")
     group.addoption("--conformance-report", default=None, metavar="PATH",
                     help="write the JSON conformance report to PATH")
     group.addoption("--strict-known-failures", action="store_true", default=False,
@@ -70,6 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
                             f"(one of: {', '.join(CAPABILITIES)})")
     config.addinivalue_line("markers", "world_size(n): run this test on a pool of exactly n ranks")
     config.addinivalue_line("markers", "min_ranks(n): skip unless the run has at least n ranks")
+    config.addinivalue_line("markers", "shared_dir: the test's ranks exchange files through ctx.shared_dir "
+                            "(skip when it is not one directory for every rank)")
     config.stash[SESSION_KEY] = None
     config.pluginmanager.register(ConformanceRun(config), "conformance-run")
     # Inductor's first use of a fresh cache directory costs ~10 s of CPU probing: share one per run.
@@ -116,15 +120,29 @@ def _session(config: pytest.Config):
 
         options = RunOptions(backend=config.getoption("backend"), world_size=config.getoption("world_size"),
                              backends_dir=config.getoption("backends_dir"),
-                             rank_timeout=config.getoption("rank_timeout"))
+                             rank_timeout=config.getoption("rank_timeout"),
+                             shared_dir=_shared_dir(config.getoption("shared_dir")))
         try:
             session = ConformanceSession.create(options)
         except DescriptorError as exc:
             raise pytest.UsageError(str(exc)) from None
         config.stash[SESSION_KEY] = session
+        session.watch_for_termination()
         # Normally closed at session finish; this also covers runs that never get there.
         config.add_cleanup(session.close)
     return session
+
+
+def _shared_dir(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"--shared-dir {value}: cannot create it ({exc.strerror}); pass a directory "
+                                "every node mounts and this user can write") from None
+    return str(path)
 
 
 def required_capabilities(item: pytest.Item) -> list[str]:
@@ -191,6 +209,9 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
         item.add_marker(pytest.mark.skip(
             reason=f"needs exactly {needed} ranks; the launcher's world has {session.world_size} and cannot be "
                    f"resized within a run (relaunch with --nnodes x --nproc-per-node = {needed})"))
+        return
+    if item.get_closest_marker("shared_dir") is not None and (why := session.shared_dir_missing()):
+        item.add_marker(pytest.mark.skip(reason=why))
         return
     at_least = required_min_ranks(item)
     if at_least is not None and session.world_size < at_least:
@@ -308,6 +329,13 @@ class ConformanceRun:
         self.known_failures: dict[str, KnownFailureApplied] = {}
         self.durations: defaultdict[str, float] = defaultdict(float)
         self.worker_events: list[str] = []
+        self.running: tuple[str, str] | None = None  # (nodeid, suite) of the test in progress
+
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        self.running = (nodeid, suite_name(location[0]))
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        self.running = None
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         if not _header_up_front(config) or _is_xdist_worker(config):
@@ -365,12 +393,24 @@ class ConformanceRun:
             if _is_xdist_worker(config):
                 config.workeroutput["conformance_events"] = state.events
         path = config.getoption("conformance_report")
-        if not path or _is_xdist_worker(config):
+        if _is_xdist_worker(config):
             return
         results = self.results()
-        if state is not None and state.launcher is not None:
-            results = state.gather_results(results)  # every rank's verdicts; None on ranks other than 0
+        launcher = state is not None and state.launcher is not None
+        if launcher:
+            if state.terminated and self.running is not None:  # the test the launcher's SIGTERM cut short
+                nodeid, suite = self.running
+                results.append(TestResult(nodeid=nodeid, suite=suite, outcome="error", duration=self.durations[nodeid],
+                                          message=f"interrupted: {state.terminated}"))
+            # Every rank's verdicts, on rank 0; then no rank leaves before rank 0 has written the report.
+            results = state.gather_results(results, int(exitstatus))
             if results is None:
+                session.exitstatus = state.end_launcher_run(int(exitstatus))
                 return
-        report = _session(config).build_report(results, extra_events=self.worker_events)
-        write_report(report, path)  # atomic: a cancelled run leaves no half-written report
+        if path:
+            report = _session(config).build_report(results, extra_events=self.worker_events)
+            write_report(report, path)  # atomic: a cancelled run leaves no half-written report
+        if launcher:
+            failed = any(r.outcome in ("failed", "error") for r in results)
+            code = int(exitstatus) or (1 if failed or state.lost_ranks or state.followers_failed else 0)
+            session.exitstatus = state.end_launcher_run(code)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +29,7 @@ class RunOptions:
     world_size: int | None = None
     backends_dir: str | None = None
     rank_timeout: float = 300.0
+    shared_dir: str | None = None  # a directory every rank sees (--shared-dir); None: chosen per host
 
 
 def _cpu_model() -> str:
@@ -42,25 +42,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gpu(descriptor: BackendDescriptor) -> tuple[str | None, str | None]:
+def _driver(descriptor: BackendDescriptor) -> str | None:
+    """The accelerator driver's version, from its command-line tool (not through a device context)."""
     import torch
 
-    if descriptor.device_type == "cpu":
-        return None, None
+    if descriptor.device_type != "cuda":
+        return None
+    tool = ["rocm-smi", "--showdriverversion"] if torch.version.hip else \
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
     try:
-        name = torch.accelerator.get_device_name(0) if hasattr(torch.accelerator, "get_device_name") \
-            else torch.cuda.get_device_name(0)
-    except Exception:
-        name = None
-    driver = None
-    if descriptor.device_type == "cuda":
-        tool = ["rocm-smi", "--showdriverversion"] if torch.version.hip else \
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-        try:
-            driver = subprocess.run(tool, capture_output=True, text=True, timeout=10).stdout.strip() or None
-        except (OSError, subprocess.TimeoutExpired):
-            driver = None
-    return name, driver
+        return subprocess.run(tool, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 @dataclass
@@ -75,6 +68,10 @@ class ConformanceSession:
     extra_events: list[str] = field(default_factory=list)
 
     launcher: object = None  # a conformance.ranks.launcher.LauncherWorld when started by torchrun
+    terminated: str | None = None  # why, once the launcher has sent SIGTERM to this process
+    finishing: bool = False  # the session's end has begun: a SIGTERM then only shortens the waits
+    lost_ranks: list[int] = field(default_factory=list)  # rank 0: ranks that never reported their verdicts
+    followers_failed: bool = False  # rank 0: another rank's own session failed (usage error, crash)
     detection_note: str | None = None  # why a detected backend is not the one torch was built for
 
     @classmethod
@@ -83,7 +80,9 @@ class ConformanceSession:
 
         descriptors = load_descriptors(options.backends_dir)
         descriptor = resolve_backend(options.backend, descriptors)
-        capabilities = probe_capabilities(descriptor)
+        # The device-touching probes run on the ranks of the default pool (this process touches no device).
+        on_ranks = [None]
+        capabilities = probe_capabilities(descriptor, on_ranks=lambda: on_ranks[0]())
         launcher = LauncherWorld.from_env()
         if launcher is not None:
             if options.world_size and options.world_size != launcher.world_size:
@@ -92,14 +91,16 @@ class ConformanceSession:
                     "under torchrun the world is the launcher's (--nnodes x --nproc-per-node); leave --world-size out")
             world_size, ranks_here = launcher.world_size, launcher.local_world_size
         else:
-            world_size = options.world_size or descriptor.world_size
+            world_size = options.world_size or default_world_size(descriptor)
             ranks_here = world_size
         check_devices(descriptor, ranks_here, _device_count(descriptor))
         note = absent_accelerator_note() if options.backend == "auto" else None
         if note is not None:
             note += f", so it runs {descriptor.name} over {descriptor.distributed_backend}"
-        return cls(options=options, descriptor=descriptor, capabilities=capabilities,
-                   world_size=world_size, available_ranks=world_size, launcher=launcher, detection_note=note)
+        session = cls(options=options, descriptor=descriptor, capabilities=capabilities, world_size=world_size,
+                      available_ranks=world_size, launcher=launcher, detection_note=note)
+        on_ranks[0] = lambda: session.pool(session.world_size).probed_on_ranks()
+        return session
 
     # -- pools ------------------------------------------------------------------------------------
     def pool(self, world_size: int):
@@ -115,11 +116,21 @@ class ConformanceSession:
             if self.launcher is not None:
                 if world_size != self.launcher.world_size:
                     raise ValueError(f"under a launcher the only pool is its world of {self.launcher.world_size} ranks")
-                pool = LauncherPool(world=self.launcher, **common)
+                pool = LauncherPool(world=self.launcher, shared_root=self.options.shared_dir, **common)
             else:
-                pool = RankPool(world_size=world_size, **common)
+                pool = RankPool(world_size=world_size, workdir=self.options.shared_dir, **common)
             self.pools[world_size] = pool
         return pool
+
+    def shared_dir_missing(self) -> str | None:
+        """Why the ranks' ``ctx.shared_dir`` is not one directory for all of them, or None when it is: on one
+        host it always is; across hosts only with --shared-dir."""
+        world = self.launcher
+        if world is None or world.world_size <= world.local_world_size or self.options.shared_dir:
+            return None
+        return (f"needs a directory every rank sees; this run spans {world.world_size // world.local_world_size} "
+                "nodes and ctx.shared_dir is per node: pass --shared-dir on a file system every node mounts "
+                "(NFS, Lustre; see docs/running-at-scale.md)")
 
     @property
     def events(self) -> list[str]:
@@ -130,29 +141,93 @@ class ConformanceSession:
         for pool in self.pools.values():
             pool.close()
 
-    def gather_results(self, mine: list[TestResult], timeout: float = 120.0) -> list[TestResult] | None:
-        """Under a launcher: publish this rank's verdicts; on rank 0, merge every rank's into one result per
-        test (its outcome the worst of the ranks', each rank's outcome and node listed). None elsewhere."""
-        import json
+    # -- the end of a launcher's run ------------------------------------------------------------------
+    def watch_for_termination(self) -> None:
+        """Under a launcher: turn its SIGTERM (sent to every local worker when one of them fails) into
+        an orderly end, so this process still publishes its verdicts and, on rank 0, writes the report."""
+        import signal
+        import threading
+
+        if self.launcher is None or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum, frame):
+            if self.terminated:
+                return
+            self.terminated = (f"the launcher process of rank {self.launcher.rank} ({self.launcher.node}) was sent "
+                               "SIGTERM: its launcher is ending the run (a local worker failed or was lost)")
+            if not self.finishing:
+                raise KeyboardInterrupt(self.terminated)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _end_timeout(self) -> float:
+        """How long rank 0 waits for the others' verdicts: they are at most one call behind it, unless the
+        launcher is tearing the run down (then only what fits before its SIGKILL)."""
+        from conformance.ranks.launcher import peer_margin
+
+        if self.terminated:
+            return TERMINATED_GATHER
+        timeout = self.options.rank_timeout
+        pool = self.pools.get(self.launcher.world_size)
+        return timeout + peer_margin(timeout) + (pool.grace if pool is not None else 0.0)
+
+    def _run_end(self):
+        from conformance.ranks.launcher import RunEnd
 
         world = self.launcher
         pool = self.pools.get(world.world_size)
-        store = pool._store() if pool is not None else world.connect_store(timeout)
-        key = f"conformance/{world.run_key}/report/{{}}"
-        store.set(key.format(world.rank), json.dumps({"node": world.node, "tests": [t.model_dump() for t in mine]}))
+        return RunEnd(world, pool._store() if pool is not None else world.connect_store(self.options.rank_timeout))
+
+    def gather_results(self, mine: list[TestResult], exitstatus: int = 0) -> list[TestResult] | None:
+        """Under a launcher: publish this rank's verdicts; on rank 0, merge every rank's into one result per
+        test (its outcome the worst of the ranks', each rank's outcome and node listed), naming the ranks
+        that did not report in ``events``. None elsewhere."""
+        self.finishing = True
+        world = self.launcher
+        self._own_exitstatus = exitstatus
+        try:
+            end = self._run_end()
+            end.publish({"node": world.node, "tests": [t.model_dump(mode="json") for t in mine],
+                         "exitstatus": exitstatus, "terminated": bool(self.terminated)})
+        except Exception as exc:  # noqa: BLE001 - the store has gone with its host: nothing to report to
+            self.extra_events.append(f"rank {world.rank} could not publish its results: {exc}")
+            print(f"conformance: {self.extra_events[-1]}", file=sys.stderr)
+            self._end = None
+            return None if world.rank != 0 else merge_rank_results({0: {"node": world.node, "tests": mine}})
+        self._end = end
         if world.rank != 0:
             return None
+        timeout = self._end_timeout()
+        payloads, missing = end.gather(timeout)
         per_rank: dict[int, dict] = {0: {"node": world.node, "tests": mine}}
-        deadline = time.monotonic() + timeout
-        for rank in range(1, world.world_size):
-            while not store.check([key.format(rank)]) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if store.check([key.format(rank)]):
-                data = json.loads(store.get(key.format(rank)))
-                per_rank[rank] = {"node": data["node"], "tests": [TestResult(**t) for t in data["tests"]]}
-            else:
-                self.extra_events.append(f"rank {rank} did not report its results within {timeout:g} s")
+        for rank, data in payloads.items():
+            per_rank[rank] = {"node": data["node"], "tests": [TestResult(**t) for t in data["tests"]]}
+        self._acks_from = [r for r, data in payloads.items() if not data["terminated"]]
+        self.lost_ranks = missing
+        self.followers_failed = any(data["exitstatus"] not in (0, 1) for data in payloads.values())
+        for rank in missing:
+            self.extra_events.append(f"rank {rank} did not report its results within {timeout:g} s: its launcher "
+                                     "process was lost (killed, or hung past the run's end)")
+        if self.terminated:
+            self.extra_events.append(self.terminated)
         return merge_rank_results(per_rank)
+
+    def end_launcher_run(self, code: int) -> int:
+        """The exit code of this launcher process. Rank 0 publishes ``code`` (the run's, after the report is
+        written) and waits for the others to read it; they exit 0 once they have (rank 0's code carries
+        their outcomes) and with their own code, or 1, if it never came."""
+        end = getattr(self, "_end", None)
+        own = getattr(self, "_own_exitstatus", code)
+        if end is None:
+            return code or 1
+        if self.launcher.rank == 0:
+            end.announce(code, [] if self.terminated else self._acks_from)
+            return code
+        if self.terminated:  # the launcher is tearing this node down: it will not wait for rank 0
+            return own or 1
+        got = end.await_code(self._end_timeout() + ACK_TIMEOUT_MARGIN)
+        return 0 if got is not None else (own or 1)
 
     @property
     def torch_version(self) -> str:
@@ -174,7 +249,10 @@ class ConformanceSession:
         if self.detection_note:
             lines.append(f"conformance: {self.detection_note}")
         for name in CHEAP_PROBES:  # the rest (imports of DTensor, Dynamo) only when a selected test needs them
-            self.capabilities.probes[name]
+            # Under a launcher only rank 0 prints a header: a device probe here would start the world's ranks
+            # from rank 0 alone, a collective the others never join (they probe as they collect).
+            if self.launcher is None or name not in RANK_SIDE_PROBES:
+                self.capabilities.probes[name]
         probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
         shown = [f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
                  for name in CAPABILITIES]
@@ -193,7 +271,8 @@ class ConformanceSession:
         import torch
 
         d = self.descriptor
-        gpu, driver = _gpu(d)
+        gpu = next((p.device_name for p in self.pools.values() if p.device_name), None)
+        driver = _driver(d)
         caps = {name: CapabilityStatus(declared=d.declares(name), probed=p.available, reason=p.reason)
                 for name, p in self.capabilities.probes.items()}
         return ConformanceReport(
@@ -231,6 +310,11 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
 
 
 CHEAP_PROBES = ("collectives", "symmetric_memory", "put_signal", "bf16")
+RANK_SIDE_PROBES = ("symmetric_memory", "put_signal", "bf16")  # answered by the ranks (put_signal needs symmetric memory's)
+# Under a launcher's SIGTERM: how long rank 0 waits for the others' verdicts (torchrun sends SIGKILL 30 s after).
+TERMINATED_GATHER = 5.0
+# How much longer than rank 0's gathering the others wait for its exit code (it writes the report meanwhile).
+ACK_TIMEOUT_MARGIN = 60.0
 
 
 class WorldSizeError(DescriptorError):
@@ -246,6 +330,14 @@ def _device_count(descriptor: BackendDescriptor) -> int | None:
         return torch.accelerator.device_count()
     except Exception:  # noqa: BLE001 - no runtime for the device: counted as none
         return 0
+
+
+def default_world_size(descriptor: BackendDescriptor) -> int:
+    """The descriptor's world size; ``devices``: this machine's device count (at least 1, so that a
+    machine without one still gets the clear "needs N devices" refusal)."""
+    if descriptor.world_size != "devices":
+        return descriptor.world_size
+    return max(_device_count(descriptor) or 0, 1)
 
 
 def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: int | None) -> None:

@@ -11,10 +11,17 @@ rank's reply under ``<prefix>x/<n>/<rank>`` and reads everyone's, so every contr
 per-rank results and takes the same recovery step (fresh group, respawn) with the same generation.
 A controller that never publishes (its process is gone) ends the call with ``RankCrashed``, and the
 pool is then ``lost``: no later call can form the world again without relaunching.
+
+The run ends with one more exchange (``RunEnd``): every controller publishes its verdicts, rank 0
+gathers them, writes the report and publishes the run's exit code, and the others wait for that code
+before they exit. torchrun tears down every local worker as soon as one exits non-zero, so a rank
+that left first would kill rank 0 mid-report; waiting, then exiting 0, leaves the run's exit code to
+rank 0, which carries every rank's outcome.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -30,11 +37,19 @@ from conformance.ranks import protocol
 from conformance.ranks.pool import RankCrashed, RankError, RankPool
 from conformance.ranks.process import RankProcess
 
-__all__ = ["LauncherPool", "LauncherWorld", "WorldLost"]
+__all__ = ["LauncherPool", "LauncherWorld", "RunEnd", "WorldLost", "peer_margin"]
 
 # How long a controller waits for its peers' answers beyond its own deadline: they may have started
 # the call a little later, and a peer whose rank is stuck reports only at its own deadline.
 PEER_MARGIN = 30.0
+# How long rank 0 waits for the others to read the run's exit code before it exits itself.
+ACK_TIMEOUT = 30.0
+
+
+def peer_margin(timeout: float) -> float:
+    """``PEER_MARGIN``, or the call's own timeout when that is shorter (a run with short calls has
+    short gaps between them too)."""
+    return min(PEER_MARGIN, timeout)
 
 
 class WorldLost(RankCrashed):
@@ -90,12 +105,15 @@ class LauncherWorld:
 class LauncherPool(RankPool):
     """A ``RankPool`` whose world is the launcher's: this process controls rank ``world.rank`` only."""
 
-    def __init__(self, *, world: LauncherWorld, **kwargs):
+    def __init__(self, *, world: LauncherWorld, shared_root: str | None = None, **kwargs):
         super().__init__(world_size=world.world_size, **kwargs)
         self.world = world
         self.prefix = f"conformance/{world.run_key}/"
-        # Shared by the ranks of this node (a launcher's nodes share no file system in general).
-        self.shared_dir = Path(tempfile.gettempdir()) / f"conformance-{world.run_key}" / "shared"
+        # ``shared_root`` (--shared-dir) is a directory every node mounts; without it, one per node (a
+        # launcher's nodes share no file system in general).
+        self.shared_by_all = shared_root is not None
+        root = Path(shared_root) if shared_root is not None else Path(tempfile.gettempdir())
+        self.shared_dir = root / f"conformance-{world.run_key}" / "shared"
         self.shared_dir.mkdir(parents=True, exist_ok=True)
         self._ctl_store = None
         self._exchanges = 0
@@ -137,13 +155,12 @@ class LauncherPool(RankPool):
         if self.world.rank == 0:
             store.set(key, pickle.dumps((fn.__qualname__, args, kwargs)))
         else:
-            try:
-                store.wait([key], timedelta(seconds=timeout + PEER_MARGIN))
-            except Exception:  # noqa: BLE001 - the store's timeout error: rank 0 never made this call
+            # Polled, not store.wait: a blocking wait would hold off the launcher's SIGTERM until it times out.
+            if not _poll(store, key, timeout + peer_margin(timeout)):
                 self.lost = (f"{self._label()}: rank 0 did not make call {self._calls} ({fn.__qualname__}) "
-                             f"within {timeout + PEER_MARGIN:g} s; the world cannot be formed again without relaunching")
+                             f"within {timeout + peer_margin(timeout):g} s; the world cannot be formed again without relaunching")
                 self._teardown(self.lost)
-                raise WorldLost(self.lost) from None
+                raise WorldLost(self.lost)
             qualname, args, kwargs = pickle.loads(store.get(key))
             if qualname != fn.__qualname__:
                 raise RankError(f"{self._label()}: the controllers diverged at call {self._calls}: rank 0 runs "
@@ -158,7 +175,7 @@ class LauncherPool(RankPool):
 
     def close(self) -> None:
         super().close()
-        if self.world.local_rank == 0:
+        if (self.world.rank if self.shared_by_all else self.world.local_rank) == 0:
             shutil.rmtree(self.shared_dir.parent, ignore_errors=True)
 
     # -- agreeing on an outcome ------------------------------------------------------------------------
@@ -202,7 +219,8 @@ class LauncherPool(RankPool):
                         break
         store.set(self._key(n, me), pickle.dumps(mine if mine is not None else (None, {})))
         replies = {me: mine} if mine is not None else {}
-        peer_deadline = time.monotonic() + max(deadline - time.monotonic(), 0) + (grace or 0) + PEER_MARGIN
+        margin = peer_margin(timeout)
+        peer_deadline = time.monotonic() + max(deadline - time.monotonic(), 0) + (grace or 0) + margin
         pending = list(peers)
         while pending and time.monotonic() < peer_deadline:
             for peer in list(pending):
@@ -216,9 +234,73 @@ class LauncherPool(RankPool):
                 time.sleep(0.02)
         if pending:
             self.lost = (f"{self._label()}: the launcher process of rank {', '.join(map(str, pending))} did not report "
-                         f"within {timeout + (grace or 0) + PEER_MARGIN:g} s; the world cannot be formed again without "
+                         f"within {timeout + (grace or 0) + margin:g} s; the world cannot be formed again without "
                          "relaunching")
             self._teardown(self.lost)
             raise WorldLost(self.lost)
         return replies
 
+
+
+def _poll(store, key: str, timeout: float) -> bool:
+    """Whether ``key`` appeared in ``store`` within ``timeout`` s (False as well when the store is gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if store.check([key]):
+                return True
+        except Exception:  # noqa: BLE001 - the store has gone with its host
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+class RunEnd:
+    """The launcher world's last exchange (see the module docstring), through the launcher's store.
+
+    ``publish`` (every rank), then on rank 0 ``gather`` and ``announce``, elsewhere ``await_code``.
+    A rank whose store has gone (its launcher ended the run) counts as one that did not answer.
+    """
+
+    def __init__(self, world: LauncherWorld, store):
+        self.world = world
+        self.store = store
+        self.prefix = f"conformance/{world.run_key}/end/"
+
+    def publish(self, payload: dict) -> None:
+        self.store.set(f"{self.prefix}result/{self.world.rank}", json.dumps(payload))
+
+    def gather(self, timeout: float) -> tuple[dict[int, dict], list[int]]:
+        """Rank 0: ({rank: payload} of every rank that published within ``timeout`` s, [ranks that did not])."""
+        keys = {rank: f"{self.prefix}result/{rank}" for rank in range(1, self.world.world_size)}
+        found = self._wait_for(keys, timeout)
+        return {rank: json.loads(value) for rank, value in found.items()}, [r for r in keys if r not in found]
+
+    def announce(self, code: int, ranks: list[int], timeout: float = ACK_TIMEOUT) -> list[int]:
+        """Rank 0: publish the run's exit code and wait until ``ranks`` have read it; the ranks that did not."""
+        self.store.set(f"{self.prefix}code", str(code))
+        keys = {rank: f"{self.prefix}ack/{rank}" for rank in ranks}
+        return [r for r in keys if r not in self._wait_for(keys, timeout)]
+
+    def await_code(self, timeout: float) -> int | None:
+        """Not rank 0: rank 0's exit code once it has written the report, or None if it never came."""
+        found = self._wait_for({0: f"{self.prefix}code"}, timeout)
+        if not found:
+            return None
+        try:
+            self.store.set(f"{self.prefix}ack/{self.world.rank}", "1")
+        except Exception:  # noqa: BLE001 - rank 0 has gone already: nothing left to tell it
+            pass
+        return int(found[0])
+
+    def _wait_for(self, keys: dict[int, str], timeout: float) -> dict[int, bytes]:
+        found: dict[int, bytes] = {}
+        deadline = time.monotonic() + timeout
+        for rank, key in keys.items():
+            if _poll(self.store, key, max(deadline - time.monotonic(), 0.0)):
+                try:
+                    found[rank] = self.store.get(key)
+                except Exception:  # noqa: BLE001 - the store has gone with its host
+                    break
+        return found

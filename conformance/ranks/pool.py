@@ -119,6 +119,9 @@ class RankPool:
         self.events: list[str] = []
         self.closed = False
         self._booting = False  # spawned, not yet known to be ready
+        # From rank 0's first start: its device's name and the device-touching probes (capabilities.DEVICE_PROBES)
+        self.device_name: str | None = None
+        self.rank_probes: dict[str, tuple[bool, str]] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -179,6 +182,9 @@ class RankPool:
         errors = [self._as_remote_error(rank, reply) for rank, reply in sorted(replies.items())
                   if reply[0] != protocol.READY]
         missing = [r for r in range(self.world_size) if r not in replies]
+        first = replies.get(0)
+        if self.rank_probes is None and first is not None and first[0] == protocol.READY:
+            self.device_name, self.rank_probes = first[1].get("device_name"), first[1].get("probes")
         if errors:
             self._teardown(f"start-up failed on rank(s) {_listed(e.rank for e in errors)}")
             raise RankCrashed(f"{self._label()}: the pool could not start", errors)
@@ -187,6 +193,14 @@ class RankPool:
             raise RankTimeout(
                 f"{self._label()}: start-up timed out after {self.startup_timeout:g} s; no answer from rank "
                 f"{_listed(missing)} (a slow setup module, or a process group that cannot form)")
+
+    def probed_on_ranks(self) -> dict[str, tuple[bool, str]]:
+        """Rank 0's answers to the device-touching capability probes (starting the ranks if need be)."""
+        if self.rank_probes is None and self.closed:
+            raise RuntimeError("no test of this run started the ranks")
+        if self.rank_probes is None:
+            self.start()
+        return self.rank_probes
 
     def close(self) -> None:
         """Shut every rank down (killing stragglers) and remove the pool's directory."""

@@ -120,6 +120,23 @@ class Rank:
             # After the process group is up (its set-up may allocate); see pool.DEFAULT_DEVICE_ENV.
             torch.set_default_device(cfg["default_device"])
 
+    def describe_device(self) -> dict:
+        """What the controller must not find out itself (it never touches a device): this rank's device
+        name and the device-touching capability probes, run here with the rank's own settings."""
+        import torch
+
+        from conformance.capabilities import device_probes
+
+        device = self.ctx.device
+        name = None
+        if device.type != "cpu":
+            try:
+                name = torch.accelerator.get_device_name(device.index) if hasattr(torch.accelerator, "get_device_name") \
+                    else torch.cuda.get_device_name(device.index)
+            except Exception:  # noqa: BLE001 - a device without a name: reported as unknown
+                name = None
+        return {"device_name": name, "probes": device_probes(device)}
+
     def init_group(self, generation: int) -> None:
         import torch.distributed as dist
 
@@ -179,7 +196,8 @@ def main(argv: list[str]) -> int:
     except BaseException:
         protocol.send(conn, protocol.INIT_FAILED, rank=config["rank"], traceback=traceback.format_exc())
         return 1
-    rank.send(protocol.READY, rank=config["rank"], pid=os.getpid(), device=str(rank.ctx.device))
+    rank.send(protocol.READY, rank=config["rank"], pid=os.getpid(), device=str(rank.ctx.device),
+              **rank.describe_device())
     rank.serve()
     try:
         import torch.distributed as dist

@@ -294,6 +294,13 @@ def async_on_rank(ctx, salt: str, name: str, impl: str = "torch"):
     record["wait"] = work.wait()
     record["after_wait"] = [t.clone() for t in filled]  # read at once: a wait that did not wait shows here
     record["completed"] = work.is_completed()
+    if not record["completed"] and ctx.device.type != "cpu":
+        # A stream-ordered wait() (NCCL) leaves the host ahead of the device: once the device has
+        # caught up, the work must say it is complete.
+        import torch
+
+        torch.accelerator.synchronize(ctx.device.index)
+        record["completed_after_sync"] = work.is_completed()
     try:
         value = work.get_future().wait()
         record["future"] = [t.clone() for t in value] if isinstance(value, (list, tuple)) else value
@@ -450,7 +457,7 @@ def missing_rank_on_rank(ctx, how: str, seconds: float, impl: str = "torch"):
                 dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=seconds))
             else:
                 dist.all_reduce(torch.ones(3, device=ctx.device), group=group)
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:  # monitored_barrier refuses a backend other than gloo with ValueError
         record["error"] = _error(exc)
     fresh = _timed_group(dist, 60)
     record["fresh"] = torch.full((3,), rank + 1, device=ctx.device)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from conformance.checks import ConformanceFailure
+from conformance.descriptors import Semantics
 from conformance.ranks import RankCrashed, RankTimeout
 
 
@@ -43,14 +44,28 @@ def _failure_summary(exc: RankCrashed | RankTimeout) -> str:
                                       if error.exc_type == "RankGone"])
 
 
+def evaluations_after_a_crash(semantics) -> int:
+    """How often a group is evaluated again after a crash: where a rank left waiting in a collective is
+    torn down by the backend's watchdog (``semantics.collective_timeout: aborts_process``), a case on
+    which the ranks disagree crashes its group every time, so evaluating it again only costs time."""
+    return 0 if semantics.collective_timeout == "aborts_process" else EVALUATIONS_AFTER_A_CRASH
+
+
 def _evaluate(ranks, fn: Callable, args: tuple) -> _Outcome:
     crashes: list[str] = []
+    # The ``ranks`` fixture carries the descriptor; a bare RankPool (the project's tests) has gloo's semantics.
+    again = evaluations_after_a_crash(getattr(ranks.descriptor, "semantics", Semantics()))
     while True:
         try:
             return _Outcome(ranks.run(fn, *args), None, tuple(crashes))
         except (RankCrashed, RankTimeout) as exc:
             crashes.append(_failure_summary(exc))
-            if len(crashes) > EVALUATIONS_AFTER_A_CRASH:
+            if len(crashes) > again:
+                if again == 0:  # say why there was no second evaluation, and how to find the case
+                    exc = type(exc)(f"{exc.summary} (not evaluated again: on {ranks.descriptor.name} a rank left "
+                                    "waiting for a peer that raised is torn down by the watchdog, "
+                                    "semantics.collective_timeout: aborts_process; run the group's tests one by "
+                                    "one with -k to find the case the ranks disagree on)", exc.errors)
                 return _Outcome(None, exc, tuple(crashes))
         except AssertionError as exc:  # RankError: the whole evaluation failed; every case says so
             return _Outcome(None, exc, tuple(crashes))

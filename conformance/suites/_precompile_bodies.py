@@ -73,22 +73,44 @@ def _artifact(ctx, path, spec, root: str = ARTIFACT_DIR) -> Path:
     return Path(ctx.shared_dir) / root / _safe(path.name) / key / f"{key}{path.suffix}"
 
 
+def builder_ranks(devices: list[str]) -> set[int]:
+    """The ranks that build, given each rank's device: the first rank on each device (an artifact is
+    per device index, ``ModelSpec.key``), so on CPU rank 0 alone, and on accelerators the first node's
+    ranks (the others, on other nodes, load what was built for their index)."""
+    return {devices.index(device) for device in dict.fromkeys(devices)}
+
+
+def _builds(ctx) -> bool:
+    """Whether this rank builds (``builder_ranks``); collective over the group."""
+    import torch.distributed as dist
+
+    devices: list = [None] * ctx.world_size
+    dist.all_gather_object(devices, str(ctx.device), group=ctx.group)
+    return ctx.rank in builder_ranks(devices)
+
+
 def _build(ctx, path, spec, artifact: Path, scratch: Path) -> None:
-    """Rank 0 writes ``artifact``. A build that runs a collective model needs every rank in the call,
-    so then every rank builds and only rank 0's result is kept."""
+    """The first rank on each device writes ``artifact`` (collective: ``_builds``). A build that runs a
+    collective model needs every rank in the call, so then every rank builds and only the builders'
+    results are kept."""
     from conformance.suites._precompile_models import forward
 
-    if ctx.rank == 0 or spec.collective:
-        target = artifact if ctx.rank == 0 else scratch / f"discard-rank{ctx.rank}{path.suffix}"
+    builds = _builds(ctx)
+    if builds or spec.collective:
+        target = artifact if builds else scratch / f"discard-rank{ctx.rank}{path.suffix}"
         with _no_grad():
             path.build_to(forward, spec.build(ctx), spec.example(ctx), spec.dynamic_batch, target, scratch)
 
 
 def ensure_built(ctx, path, spec) -> tuple[Path, dict]:
     """Collective over the group: after it, rank 0's artifact exists; returns it and its build record."""
+    import torch.distributed as dist
+
     artifact = _artifact(ctx, path, spec)
     _barrier(ctx)  # nobody is building: every rank sees the same answer to "is it there?"
-    if not Path(str(artifact) + ".json").exists():
+    missing: list = [None] * ctx.world_size  # per device: any rank's artifact missing builds them all
+    dist.all_gather_object(missing, not Path(str(artifact) + ".json").exists(), group=ctx.group)
+    if any(missing):
         _build(ctx, path, spec, artifact, artifact.parent / "scratch")
     _barrier(ctx)
     return artifact, json.loads(Path(str(artifact) + ".json").read_text())
@@ -173,7 +195,7 @@ def rebuild_on_rank(ctx, path_name: str, model_name: str):
         _barrier(ctx)
         records.append(json.loads(Path(str(artifact) + ".json").read_text()))
     _barrier(ctx)
-    if ctx.rank == 0:
+    if _builds(ctx):  # one root per device
         shutil.rmtree(root, ignore_errors=True)
     return {"first": records[0], "second": records[1]}
 

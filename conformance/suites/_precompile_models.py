@@ -79,8 +79,12 @@ class ModelSpec:
     collective: bool = False
 
     def key(self, ctx) -> str:
-        """What identifies a build: the group name is baked into a collective's graph."""
-        return f"{self.name}-g{ctx.group.group_name}" if self.collective else self.name
+        """What identifies a build: the group name is baked into a collective's graph, and an
+        accelerator's index into Dynamo's guards and Inductor's code (a build on cuda:0 is not one
+        for cuda:1; on CPU every rank shares one)."""
+        key = f"{self.name}-g{ctx.group.group_name}" if self.collective else self.name
+        device = ctx.device
+        return key if device.type == "cpu" else f"{key}-{device.type}{device.index or 0}"
 
 
 def _seeded(factory):

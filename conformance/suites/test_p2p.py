@@ -50,6 +50,10 @@ def test_send_recv_between_ranks_other_than_0(ranks):
 
 
 def check_tags(ranks, count, impl="torch"):
+    semantics = ranks.descriptor.semantics
+    if not semantics.p2p_tags:  # messages of different sizes would land in the wrong buffers, or hang
+        pytest.skip(f"{ranks.descriptor.name} matches point-to-point messages by posting order, not by tag "
+                    f"(semantics.p2p_tags: false; {semantics.sources.get('p2p_tags', ranks.descriptor.source)})")
     salt, world = f"p2p/tags/{count}", ranks.world_size
     results = data.run_packed(ranks, bodies.isend_irecv_tags_on_rank, salt, count, impl=impl)
     problems = []

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import requires
+from conformance import requires, shared_dir
 from conformance.suites import _precompile_bodies as bodies
 
-pytestmark = requires("compile")
+pytestmark = [requires("compile"), shared_dir]  # rank 0 builds, the others load its artifacts from ctx.shared_dir
 
 PATHS = ["precompile", "aot_compile", "megacache", "aoti"]
 MODELS = ["mlp", "transformer", "allreduce"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import requires
+from conformance import RankCrashed, RankTimeout, requires
 from conformance.suites import _collective_bodies as bodies
 from conformance.suites import _collective_data as data
 from conformance.suites.test_collectives import raise_problems
@@ -51,6 +51,9 @@ def check_missing_rank(ranks, how, impl="torch"):
     import torch
 
     world = ranks.world_size
+    if how != "monitored_barrier" and ranks.descriptor.semantics.collective_timeout == "aborts_process":
+        check_missing_rank_torn_down(ranks, how, impl)
+        return
     records = ranks.run_with_timeout(CALL_LIMIT, bodies.missing_rank_on_rank, how, GROUP_TIMEOUT, impl=impl)
     problems = []
     for rank, record in enumerate(records[:-1]):
@@ -64,6 +67,28 @@ def check_missing_rank(ranks, how, impl="torch"):
     what = {"skip": "an all_reduce the last rank skips", "raise": "an all_reduce the last rank raises before",
             "monitored_barrier": "a monitored_barrier the last rank skips"}[how]
     raise_problems(problems, f"{what} over {ranks.backend}")
+
+
+def check_missing_rank_torn_down(ranks, how, impl="torch"):
+    """Where a timed-out collective is ended by the backend's watchdog tearing the rank down (NCCL:
+    ``semantics.collective_timeout: aborts_process``), not by an exception on the host: every rank left
+    waiting must be torn down within the call's bound (the pool then replaces them)."""
+    world, backend = ranks.world_size, ranks.descriptor.name
+    waiting = list(range(world - 1))
+    try:
+        records = ranks.run_with_timeout(CALL_LIMIT, bodies.missing_rank_on_rank, how, GROUP_TIMEOUT, impl=impl)
+    except RankCrashed as exc:
+        if missing := [r for r in waiting if r not in exc.failed_ranks]:
+            raise AssertionError(f"{backend} declares semantics.collective_timeout: aborts_process, but rank "
+                                 f"{', '.join(map(str, missing))} was not torn down: {exc.summary}") from None
+        return
+    except RankTimeout as exc:
+        raise AssertionError(f"{backend} declares semantics.collective_timeout: aborts_process, but the waiting "
+                             f"ranks hung past {CALL_LIMIT:g} s instead: {exc.summary}") from None
+    raised = [f"rank {r}: {record['error']}" for r, record in enumerate(records[:-1]) if record["error"]]
+    raise AssertionError(f"{backend} declares semantics.collective_timeout: aborts_process, but the ranks left "
+                         f"waiting were not torn down: they " + ("raised on the host: " + "; ".join(raised)
+                                                                 if raised else "completed"))
 
 
 @pytest.mark.parametrize("how", ["skip", "raise", "monitored_barrier"])

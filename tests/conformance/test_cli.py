@@ -136,3 +136,27 @@ def test_run_says_how_many_tests_lacked_ranks_and_how_to_run_them(tmp_path):
     assert [t.nodeid.split("::")[-1] for t in skipped] == ["test_send_recv_between_ranks_other_than_0"]
     assert ("1 tests skipped for lack of ranks (they need up to 4); run them with: conformance run --world-size 4 "
             "-- -m world_size") in result.stdout
+
+
+def test_the_documented_slurm_line_parses_for_torchrun_and_for_conformance_run():
+    """docs' SLURM job: its srun line is a torchrun command line, and what follows ``-m conformance`` is a
+    ``conformance run`` command line (``--rank-timeout`` and ``--shared-dir`` included)."""
+    import shlex
+
+    from torch.distributed.run import get_args_parser
+
+    from conformance.cli import _launch_pytest_args, build_parser
+    from tests.conformance.test_torchrun import doc_commands
+
+    lines = doc_commands("SLURM")
+    assert lines[0].startswith("head=$(scontrol show hostnames")
+    srun = next(line for line in lines if line.startswith("srun torchrun "))
+    for name, value in {"$SLURM_NNODES": "2", "$head": "node-a", "$SLURM_JOB_ID": "4242", "$HOME": "/home/u"}.items():
+        srun = srun.replace(name, value)
+    launcher = get_args_parser().parse_args(shlex.split(srun)[2:])
+    assert (launcher.nnodes, launcher.nproc_per_node, launcher.rdzv_backend, launcher.rdzv_endpoint,
+            launcher.rdzv_id) == ("2", "8", "c10d", "node-a:29500", "4242")
+    assert launcher.module and launcher.training_script == "conformance"
+    run = build_parser().parse_args(launcher.training_script_args)
+    assert (run.command, run.report) == ("run", "report-4242.json")
+    assert _launch_pytest_args(run) == ["--rank-timeout", "600.0", "--shared-dir", "/home/u/conformance-shared"]

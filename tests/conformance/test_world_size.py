@@ -61,3 +61,29 @@ def test_world_size_one_runs_and_two_rank_tests_skip_naming_why(pytester):
     result = pytester.runpytest_subprocess("--backend", "cpu", "--world-size", "1", "-rs", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*needs at least 2 ranks; this run has 1 (--world-size 2)*"])
+
+
+def test_a_descriptor_world_size_of_devices_is_the_device_count():
+    import torch
+
+    from conformance.descriptors import load_descriptors
+    from conformance.session import default_world_size
+
+    cuda = load_descriptors()["cuda"]
+    assert cuda.world_size == "devices"
+    assert default_world_size(cuda) == max(torch.accelerator.device_count(), 1)
+    assert default_world_size(load_descriptors()["cpu"]) == 2
+
+
+def test_a_world_size_that_is_neither_a_count_nor_devices_is_refused(tmp_path):
+    import yaml
+
+    from conformance.descriptors import DescriptorError, load_descriptors, packaged_backends_dir
+
+    for bad in ("all", True):
+        data = yaml.safe_load((packaged_backends_dir() / "cpu.yaml").read_text())
+        data["world_size"] = bad
+        (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+        with pytest.raises(DescriptorError, match=f"world_size: must be a positive number of ranks, or \"devices\" "
+                                                  f"for one rank per device; got {bad!r}"):
+            load_descriptors(tmp_path)

@@ -144,6 +144,11 @@ def _monitored_barrier_anonymous(group=None, timeout=None, wait_all_ranks=False)
         raise RuntimeError("monitored barrier failed") from None
 
 
+def _monitored_barrier_refused(group=None, timeout=None, wait_all_ranks=False):
+    """What torch's monitored_barrier does on any backend but gloo: a ValueError, not a RuntimeError."""
+    raise ValueError("monitored_barrier is only implemented for GLOO backend.")
+
+
 def _all_reduce_ignoring_group(tensor, op=None, group=None, async_op=False):
     """Reduces over the whole world whatever group it is given."""
     dist = _dist()
@@ -162,4 +167,5 @@ NAN_PAYLOADS_LOST = BrokenDist(broadcast=_broadcast_canonical_nan)
 LARGE_MESSAGE_TRUNCATED = BrokenDist(all_reduce=_all_reduce_first_mebibyte)
 RECV_LAST_ELEMENT_LOST = BrokenDist(recv=_recv_last_element_lost)
 MONITORED_BARRIER_ANONYMOUS = BrokenDist(monitored_barrier=_monitored_barrier_anonymous)
+MONITORED_BARRIER_REFUSED = BrokenDist(monitored_barrier=_monitored_barrier_refused)
 ALL_REDUCE_IGNORES_GROUP = BrokenDist(all_reduce=_all_reduce_ignoring_group)
