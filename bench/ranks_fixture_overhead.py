@@ -94,13 +94,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="sessions to run (default 3)")
     parser.add_argument("--profile", help="write cProfile stats of the (last) session to this file")
     args = parser.parse_args()
+    sessions = []
     for attempt in range(args.repeat):
         times = _run_once(args.tests, args.world_size, args.profile if attempt == args.repeat - 1 else None)
         ranked = [t for name, t in sorted(times.items()) if name.startswith("test_ranks_")][1:]  # not the start-up
         plain = [t for name, t in times.items() if name.startswith("test_plain_")]
         (ranks_p50, ranks_p90), (plain_p50, plain_p90) = _summary(ranked), _summary(plain)
+        sessions.append((ranks_p50, plain_p50))
         print(f"session {attempt + 1}: ranks test p50 {ranks_p50:.3f} ms (p90 {ranks_p90:.3f}), plain test p50 "
               f"{plain_p50:.3f} ms (p90 {plain_p90:.3f}); ratio {ranks_p50 / plain_p50:.2f}x")
+    ranks_ms, plain_ms = (statistics.median(s[i] for s in sessions) for i in (0, 1))
+    print(json.dumps({"name": "ranks_fixture_overhead",
+                      "figures": {"ranks_test_p50_ms": round(ranks_ms, 3), "plain_test_p50_ms": round(plain_ms, 3),
+                                  "sessions": len(sessions)},
+                      "ratio": round(ranks_ms / plain_ms, 2)}))
 
 
 if __name__ == "__main__":
