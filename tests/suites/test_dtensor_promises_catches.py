@@ -12,6 +12,8 @@ from conformance.suites import test_dtensor_promises as promises
 
 BROKEN = "tests.suites._broken_dtensor_promises:"
 
+pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
+
 
 def _caught(check, *args, match: str, **broken):
     check(*args)

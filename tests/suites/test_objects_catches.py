@@ -11,6 +11,8 @@ from conformance.suites import test_objects as objects
 
 BROKEN = "tests.suites._broken_objects:"
 
+pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
+
 
 def _caught(check, *args, broken: str, match: str):
     check(*args)

@@ -11,6 +11,8 @@ from conformance.suites import test_p2p_ordering as ordering
 
 BROKEN = "tests.suites._broken_p2p:"
 
+pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
+
 
 def _caught(check, *args, broken: str, match: str):
     check(*args)

@@ -8,6 +8,8 @@ import pytest
 from conformance.checks import ConformanceFailure
 from conformance.suites import test_refusals as refusals
 
+pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
+
 
 def test_a_float8_reduction_that_answers_garbage(ranks):
     refusals.check_float8_reduction(ranks, "float8_e4m3fn", "SUM")

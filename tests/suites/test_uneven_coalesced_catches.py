@@ -9,6 +9,8 @@ import pytest
 from conformance.checks import ConformanceFailure
 from conformance.suites import test_uneven_coalesced as uneven_coalesced
 
+pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
+
 
 def test_a_coalesced_all_gather_that_handles_one_tensor(ranks):
     uneven_coalesced.check_coalesced_direct(ranks, "int64")
