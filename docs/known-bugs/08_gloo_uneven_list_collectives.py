@@ -18,7 +18,7 @@ Run: ``python docs/known-bugs/08_gloo_uneven_list_collectives.py``.
 import torch
 import torch.distributed as dist
 
-from _ranks import spawn
+from _ranks import attempt, spawn
 
 
 def body(rank, world):
@@ -27,11 +27,7 @@ def body(rank, world):
     for what, call in (("all_to_all", lambda: dist.all_to_all(recv, send)),
                        ("all_gather", lambda: dist.all_gather([torch.empty(3 + s) for s in range(world)],
                                                               torch.zeros(3 + rank)))):
-        try:
-            call()
-            got = "worked"
-        except RuntimeError as exc:
-            got = f"RuntimeError: {str(exc).splitlines()[0]}"
+        got = attempt(call)
         if rank == 0:
             print(f"torch {torch.__version__}: uneven list {what}: {got}")
 

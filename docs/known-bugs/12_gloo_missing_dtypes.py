@@ -19,25 +19,17 @@ Run: ``python docs/known-bugs/12_gloo_missing_dtypes.py``.
 import torch
 import torch.distributed as dist
 
-from _ranks import spawn
+from _ranks import attempt, spawn
 
 
 def body(rank, world):
     for dtype in (torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
         for what, call in (("all_reduce", lambda t: dist.all_reduce(t)), ("broadcast", lambda t: dist.broadcast(t, 0))):
-            try:
-                call(torch.zeros(4, dtype=dtype))
-                got = "worked"
-            except RuntimeError as exc:
-                got = f"RuntimeError: {str(exc).splitlines()[0]}"
+            got = attempt(lambda: call(torch.zeros(4, dtype=dtype)))
             if rank == 0:
                 print(f"torch {torch.__version__}: {what} on {dtype}: {got}")
-    try:
-        dist.gather(torch.zeros(2, dtype=torch.complex64), [torch.empty(2, dtype=torch.complex64)] * world
-                    if rank == 0 else None, dst=0)
-        got = "worked"
-    except RuntimeError as exc:
-        got = f"RuntimeError: {str(exc).splitlines()[0]}"
+    gather_list = [torch.empty(2, dtype=torch.complex64) for _ in range(world)] if rank == 0 else None
+    got = attempt(lambda: dist.gather(torch.zeros(2, dtype=torch.complex64), gather_list, dst=0))
     if rank == 0:
         print(f"torch {torch.__version__}: gather on torch.complex64: {got}")
 

@@ -16,17 +16,14 @@ Run: ``python docs/known-bugs/13_gloo_reduce_scatter_no_future.py``.
 import torch
 import torch.distributed as dist
 
-from _ranks import spawn
+from _ranks import attempt, spawn
 
 
 def body(rank, world):
     out = torch.empty(2)
     work = dist.reduce_scatter_tensor(out, torch.ones(2 * world), async_op=True)
     work.wait()
-    try:
-        got = repr(work.get_future().wait())
-    except RuntimeError as exc:
-        got = f"RuntimeError: {str(exc).splitlines()[0]}"
+    got = attempt(lambda: work.get_future().wait())
     if rank == 0:
         print(f"torch {torch.__version__}: reduce_scatter_tensor work.get_future(): {got}")
 

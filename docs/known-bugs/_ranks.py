@@ -1,5 +1,6 @@
 """Runs a function on N local gloo ranks (torch.multiprocessing, spawn) for the repro scripts here:
-``spawn(fn, world_size=2)`` calls ``fn(rank, world_size)`` in every rank after ``init_process_group``."""
+``spawn(fn, world_size=2)`` calls ``fn(rank, world_size)`` in every rank after ``init_process_group``;
+``attempt(fn)`` says what a call did ("worked", or its error's first line)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def _rank(rank: int, fn, world_size: int, port: int) -> None:
         fn(rank, world_size)
     finally:
         dist.destroy_process_group()
+
+
+def attempt(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the error is the observation
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return "worked"
 
 
 def spawn(fn, world_size: int = 2) -> None:

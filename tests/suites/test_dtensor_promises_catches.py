@@ -7,39 +7,33 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks import ConformanceFailure
 from conformance.suites import test_dtensor_promises as promises
+from tests.suites._caught import caught
 
 BROKEN = "tests.suites._broken_dtensor_promises:"
 
 pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
 
 
-def _caught(check, *args, match: str, **broken):
-    check(*args)
-    with pytest.raises(ConformanceFailure, match=match):
-        check(*args, **broken)
-
-
 def test_a_redistribute_cut_off_from_autograd(ranks):
-    _caught(promises.check_backward, ranks, "S0", "R", redistributor=BROKEN + "redistribute_detached",
-            match=r"DTensor backward through redistribute S0 -> R over gloo is wrong:\n  rank 0: raised RuntimeError: "
-                  r"element 0 of tensors does not require grad")
+    caught(promises.check_backward, ranks, "S0", "R", redistributor=BROKEN + "redistribute_detached",
+           match=r"DTensor backward through redistribute S0 -> R over gloo is wrong:\n  rank 0: raised RuntimeError: "
+                 r"element 0 of tensors does not require grad")
 
 
 def test_a_partial_relabelled_without_its_reduction(ranks):
-    _caught(promises.check_partial_ops, ranks, redistributor=BROKEN + "partial_relabelled",
-            match=r"DTensor ops on Partial placements over gloo is wrong:\n  rank 0: add of Partial\(sum\) DTensors, "
-                  r"reduced: differs first at")
+    caught(promises.check_partial_ops, ranks, redistributor=BROKEN + "partial_relabelled",
+           match=r"DTensor ops on Partial placements over gloo is wrong:\n  rank 0: add of Partial\(sum\) DTensors, "
+                 r"reduced: differs first at")
 
 
 def test_a_strided_shard_taken_for_a_plain_shard(ranks):
-    _caught(promises.check_strided_shard, ranks, 2, redistributor=BROKEN + "strided_as_plain_shard",
-            match=r"DTensor _StridedShard\(0, split_factor=2\) over gloo is wrong:\n  rank 0: local shard: differs "
-                  r"first at")
+    caught(promises.check_strided_shard, ranks, 2, redistributor=BROKEN + "strided_as_plain_shard",
+           match=r"DTensor _StridedShard\(0, split_factor=2\) over gloo is wrong:\n  rank 0: local shard: differs "
+                 r"first at")
 
 
 def test_a_sub_mesh_group_that_is_the_world(ranks):
-    _caught(promises.check_mesh_slices, ranks, grouper=BROKEN + "world_group",
-            match=r"device-mesh slicing and flattening of a \(1, 2\) mesh over gloo is wrong:\n  rank 0: all_reduce "
-                  r"over mesh\['dp'\]'s group \(ranks \[0\]\) gave 3.0, expected 1.0")
+    caught(promises.check_mesh_slices, ranks, grouper=BROKEN + "world_group",
+           match=r"device-mesh slicing and flattening of a \(1, 2\) mesh over gloo is wrong:\n  rank 0: all_reduce "
+                 r"over mesh\['dp'\]'s group \(ranks \[0\]\) gave 3.0, expected 1.0")
