@@ -285,6 +285,11 @@ class BackendDescriptor(_Strict):
         description="allocation backend every rank selects at start, before any allocation "
                     "(torch.distributed._symmetric_memory.set_backend: NCCL, CUDA, NVSHMEM); null keeps torch's",
     )
+    p2p_matching: Literal["tag", "order"] = Field(
+        default="order",
+        description="how a receive finds its message from one peer: 'tag' (by tag, and in posting order "
+                    "among messages of one tag: gloo) or 'order' (in posting order, tags ignored: NCCL)",
+    )
     capabilities: dict[str, bool]
     known_failures: tuple[KnownFailure, ...] = ()
     semantics: Semantics = Field(default_factory=Semantics)

@@ -278,12 +278,20 @@ class Ranks:
         return self._pool
 
 
+RANKS_KEY = pytest.StashKey[dict]()  # world size -> the Ranks every test of that size gets
+
+
 @pytest.fixture
 def ranks(request: pytest.FixtureRequest) -> Ranks:
     """A persistent pool of ranks of the session's backend; see ``conformance.ranks``."""
     session = _session(request.config)
     world_size = required_world_size(request.node) or session.world_size
-    return Ranks(session.pool(world_size), session)
+    # One Ranks per pool, made once: a test's share of the fixture is then a lookup (it is a thin view of
+    # the pool, which lives for the whole session anyway).
+    made = request.config.stash.setdefault(RANKS_KEY, {})
+    if (given := made.get(world_size)) is None or given.pool is not session.pools.get(world_size):
+        given = made[world_size] = Ranks(session.pool(world_size), session)
+    return given
 
 
 def _message(report: pytest.TestReport) -> str:

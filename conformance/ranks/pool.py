@@ -20,11 +20,11 @@ The next call then runs on a healthy pool. ``events`` records each of these for 
 from __future__ import annotations
 
 import os
+import selectors
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -122,6 +122,10 @@ class RankPool:
         # From rank 0's first start: its device's name and the device-touching probes (capabilities.DEVICE_PROBES)
         self.device_name: str | None = None
         self.rank_probes: dict[str, tuple[bool, str]] | None = None
+        # One selector per set of rank processes, built when first waited on (a call made a selector of
+        # its own before: a measurable share of a trivial call); rebuilt whenever ``ranks`` is replaced.
+        self._selector: selectors.BaseSelector | None = None
+        self._selector_ranks: list[RankProcess] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -210,6 +214,7 @@ class RankPool:
             rank.stop()
         self.ranks = []
         self.store = None
+        self._drop_selector()
         self.closed = True
         self._tmp.cleanup()
 
@@ -225,6 +230,7 @@ class RankPool:
             rank.kill()
         self.ranks = []
         self.store = None
+        self._drop_selector()
 
     def _label(self) -> str:
         return f"{self.descriptor} pool ({self.world_size} ranks, {self.backend})"
@@ -242,9 +248,10 @@ class RankPool:
         module, qualname, path = _describe(fn)
         self.start()
         self.calls += 1
+        message = protocol.encode(protocol.CALL, call=self.calls, module=module, qualname=qualname, path=path,
+                                  args=args, kwargs=kwargs)  # pickled once for every rank
         for rank in self.ranks:
-            protocol.send(rank.conn, protocol.CALL, call=self.calls, module=module, qualname=qualname, path=path,
-                          args=args, kwargs=kwargs)
+            rank.conn.send_bytes(message)
         replies = self._collect({protocol.RESULT, protocol.ERROR}, timeout, grace=self.grace, call=self.calls)
         return self._outcome(qualname, timeout, replies)
 
@@ -317,27 +324,49 @@ class RankPool:
         ``call``, a reply to another call is dropped (one left over from a call that ended early)."""
         replies: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
-        by_conn = {r.conn: r for r in self.ranks}
-        while len(replies) < len(self.ranks):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            pending = [c for c, r in by_conn.items() if r.rank not in replies]
-            for conn in wait(pending, timeout=remaining):
-                rank = by_conn[conn]
-                try:
-                    name, body = protocol.recv_or_unreadable(conn)
-                except (EOFError, OSError):
-                    rank.popen.wait(timeout=10)
-                    name, body = protocol.RANK_GONE, {}
-                if self._late(rank.rank, name, body, wanted, call):
-                    continue
-                if name in wanted or name is protocol.RANK_GONE:
-                    replies[rank.rank] = (name, body)
-                if grace is not None and name in (protocol.ERROR, protocol.RANK_GONE):
-                    deadline = min(deadline, time.monotonic() + grace)
-                    grace = None
+        selector = self._rank_selector()
+        set_aside = []  # answered ranks whose channel is readable again: not watched until this collect ends
+        try:
+            while len(replies) < len(self.ranks):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for key, _ in selector.select(remaining):
+                    rank = key.data
+                    if rank.rank in replies:  # nothing more is read from it now (as if it were not waited on)
+                        selector.unregister(rank.conn)
+                        set_aside.append(rank)
+                        continue
+                    try:
+                        name, body = protocol.recv_or_unreadable(rank.conn)
+                    except (EOFError, OSError):
+                        rank.popen.wait(timeout=10)
+                        name, body = protocol.RANK_GONE, {}
+                    if self._late(rank.rank, name, body, wanted, call):
+                        continue
+                    if name in wanted or name is protocol.RANK_GONE:
+                        replies[rank.rank] = (name, body)
+                    if grace is not None and name in (protocol.ERROR, protocol.RANK_GONE):
+                        deadline = min(deadline, time.monotonic() + grace)
+                        grace = None
+        finally:
+            for rank in set_aside:
+                selector.register(rank.conn, selectors.EVENT_READ, rank)
         return replies
+
+    def _rank_selector(self) -> selectors.BaseSelector:
+        """The selector over the channels of ``ranks`` (readable: a reply, or a closed channel)."""
+        if self._selector is None or self._selector_ranks is not self.ranks:
+            self._drop_selector()
+            self._selector, self._selector_ranks = selectors.DefaultSelector(), self.ranks
+            for rank in self.ranks:
+                self._selector.register(rank.conn, selectors.EVENT_READ, rank)
+        return self._selector
+
+    def _drop_selector(self) -> None:
+        if self._selector is not None:
+            self._selector.close()
+        self._selector = self._selector_ranks = None
 
     def _late(self, rank: int, name, body: dict, wanted: set[str], call: int | None) -> bool:
         """Whether a reply answers an earlier call than ``call`` (and is to be dropped, with an event)."""

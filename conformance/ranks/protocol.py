@@ -38,10 +38,15 @@ class Marker(enum.Enum):
 RANK_GONE = Marker.RANK_GONE
 
 
+def encode(name: str, **kwargs) -> bytes:
+    """A message as the bytes ``send`` sends (for one message to many ranks, pickled once)."""
+    return pickle.dumps((name, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def send(conn, name: str, **kwargs) -> None:
     """Send with plain pickle: torch's multiprocessing reducers would share tensors through file
     descriptors and an auth handshake that our rank processes are not part of; copying is simpler."""
-    conn.send_bytes(pickle.dumps((name, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+    conn.send_bytes(encode(name, **kwargs))
 
 
 def recv(conn) -> tuple[str, dict]:

@@ -34,7 +34,19 @@ def _die_with_parent() -> None:
             pass
 
 
+_resolved: dict[tuple[str, str, str | None], Any] = {}  # functions found by earlier calls
+
+
 def _resolve(module: str, qualname: str, path: str | None):
+    """The function ``module``.``qualname`` (loading ``path`` if the module is not importable by name);
+    kept after the first call, as every call of a test module's function finds the same object."""
+    key = (module, qualname, path)
+    if (found := _resolved.get(key)) is None:
+        found = _resolved[key] = _find(module, qualname, path)
+    return found
+
+
+def _find(module: str, qualname: str, path: str | None):
     try:
         mod = importlib.import_module(module)  # also finds a module loaded by file on an earlier call
     except ModuleNotFoundError:
