@@ -198,7 +198,9 @@ class RelayTarget(_Strict):
     """How the relay treats this backend's downstream repository."""
 
     repository: str = Field(description="downstream repository, owner/name")
-    level: TrustLevel = TrustLevel.L1
+    # Required: a file cut short before it (a half-written file, a checkout in progress) must not
+    # read as L1 and then as the real level again at the next reload.
+    level: TrustLevel = Field(description="the backend's trust level, L1 .. L4 (no default: a trust decision is written down)")
     label: str | None = Field(default=None, description="L3 label; default ciflow/crcr/<name>")
     level_since: datetime.date | None = Field(
         default=None, description="date the backend reached its level (the level review's time at level)"
@@ -299,6 +301,11 @@ class BackendDescriptor(_Strict):
                     "single-device reference (the parallelisms suite); a dtype not listed is compared bitwise",
     )
     relay: RelayTarget | None = None
+    relay_retired: str | None = Field(
+        default=None, min_length=1, max_length=500,
+        description="why a backend that was in the relay's allowlist left it (its relay section removed); "
+                    "without it a reload keeps the backend, taking the missing section for a file cut short",
+    )
     source: str = Field(default="", exclude=True, description="file the descriptor came from")
 
     @field_validator("capabilities")
@@ -338,6 +345,12 @@ class BackendDescriptor(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _retired_without_relay(self) -> "BackendDescriptor":
+        if self.relay is not None and self.relay_retired is not None:
+            raise ValueError("relay_retired is set but so is relay -> remove one: relay_retired replaces the relay section")
+        return self
+
+    @model_validator(mode="after")
     def _put_signal_needs_symmetric_memory(self) -> "BackendDescriptor":
         if self.capabilities.get("put_signal") and not self.capabilities.get("symmetric_memory"):
             raise ValueError("capabilities: put_signal is true but symmetric_memory is false")
@@ -361,8 +374,45 @@ class BackendDescriptor(_Strict):
                      and kf.applies_to_torch(torch_version)), None)
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def _field_name(loc: tuple) -> str:
+    """The field's dotted path; a key that is not a plain name is not echoed (it may be a line of some
+    other file, a secret included)."""
+    return ".".join(str(p) if isinstance(p, int) or _PLAIN_KEY.fullmatch(str(p)) else "<a key>" for p in loc)
+
+
+def _position(node: yaml.Node | None, loc: tuple) -> str:
+    """' (line L, column C)' of the field at ``loc``: its key, or the nearest enclosing node when it is missing."""
+    found = node
+    for index, part in enumerate(loc):
+        child = None
+        if isinstance(found, yaml.MappingNode):
+            pair = next(((k, v) for k, v in found.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+            if pair is not None:
+                child = pair[0] if index == len(loc) - 1 else pair[1]
+        elif isinstance(found, yaml.SequenceNode) and isinstance(part, int) and part < len(found.value):
+            child = found.value[part]
+        if child is None:
+            break
+        found = child
+    if found is None:
+        return ""
+    return f" (line {found.start_mark.line + 1}, column {found.start_mark.column + 1})"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error's position and kind, without the text of the line (it may hold a secret)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or "unreadable"
+    problem = re.sub(r"'[^']{2,}'|\"[^\"]{2,}\"", "'…'", problem)  # a token's text is the line's content
+    return f"not valid YAML{where}: {problem} (the line itself is not shown)"
+
+
 def _fix_hint(loc: tuple, msg: str) -> str:
-    field = ".".join(str(p) for p in loc)
+    field = _field_name(loc)
     if msg.startswith("Extra inputs are not permitted"):
         return f"remove '{field}' (not a descriptor field; see backends/privateuse1.yaml.template)"
     if msg.startswith("Field required"):
@@ -373,14 +423,19 @@ def _fix_hint(loc: tuple, msg: str) -> str:
 def load_descriptor(path: Path) -> BackendDescriptor:
     """load_descriptor(path) -> BackendDescriptor: parse and validate one YAML file.
 
-    Raises DescriptorError naming the file, each bad field and how to fix it.
+    Raises DescriptorError naming the file, each bad field (with its line and column) and how to fix
+    it; never a line's content, which may hold a secret.
     """
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
     except OSError as exc:
         raise DescriptorError(f"{path}: cannot read descriptor: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise DescriptorError(f"{path}: not valid YAML: not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise DescriptorError(f"{path}: not valid YAML: {exc}") from None
+        raise DescriptorError(f"{path}: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise DescriptorError(f"{path}: a descriptor is a YAML mapping, got {type(data).__name__}")
     try:
@@ -388,9 +443,9 @@ def load_descriptor(path: Path) -> BackendDescriptor:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "<root>"
+            field = _field_name(err["loc"]) or "<root>"
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  {field}: {msg} -> {_fix_hint(err['loc'], err['msg'])}")
+            lines.append(f"  {field}: {msg} -> {_fix_hint(err['loc'], err['msg'])}{_position(node, err['loc'])}")
         raise DescriptorError(f"{path}: invalid backend descriptor:\n" + "\n".join(lines)) from None
     if descriptor.name != path.stem:
         raise DescriptorError(

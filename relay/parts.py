@@ -120,7 +120,7 @@ def build_parts(settings: Settings, *, github: DispatchSender | None = None) -> 
         results.use_allowlist(targets)
 
     descriptors = DescriptorReload(backends_dir, store, use_allowlist, interval_seconds=settings.descriptor_check_seconds,
-                                   on_level_changed=results.run_changed)
+                                   on_level_changed=results.run_changed, active=allowlist)
     parts = RelayParts(
         settings=settings, secrets=settings.secret_values(),
         body_budget=BodyBudget(settings.unauthenticated_body_budget_bytes), allowlist=allowlist, store=store,

@@ -65,6 +65,7 @@ __all__ = [
     "Switches",
     "TrustLevel",
     "criteria",
+    "descriptor_paths",
     "higher",
     "load_allowlist",
     "lower",
@@ -310,19 +311,40 @@ class BackendTarget:
         )
 
 
-def load_allowlist(backends_dir: Path) -> tuple[BackendTarget, ...]:
-    """load_allowlist(dir) -> the targets of every ``*.yaml`` in ``dir`` that has a ``relay`` section.
-
-    Raises DescriptorError (naming the file and field) for an invalid descriptor, or when two
-    backends name the same downstream repository or label.
-    """
+def descriptor_paths(backends_dir: Path) -> list[Path]:
+    """The ``*.yaml`` files of ``backends_dir``; raises DescriptorError for one that is a symlink to a
+    file outside the folder (its lines would be read, and echoed in errors, as a descriptor's)."""
     if not backends_dir.is_dir():
         raise DescriptorError(f"RELAY_BACKENDS_DIR: {backends_dir} is not a directory of backend *.yaml files")
-    targets = [
-        BackendTarget.from_descriptor(d)
-        for d in (load_descriptor(p) for p in sorted(backends_dir.glob("*.yaml")))
-        if d.relay is not None
-    ]
+    folder = backends_dir.resolve()
+    paths = sorted(backends_dir.glob("*.yaml"))
+    for path in paths:
+        if path.is_symlink() and not path.resolve().is_relative_to(folder):
+            raise DescriptorError(
+                f"{path}: a symlink to a file outside {backends_dir}; refused -> put the descriptor itself in the folder"
+            )
+    return paths
+
+
+def load_allowlist(backends_dir: Path, *, active: Iterable[str] = ()) -> tuple[BackendTarget, ...]:
+    """load_allowlist(dir, active=()) -> the targets of every ``*.yaml`` in ``dir`` that has a ``relay`` section.
+
+    Raises DescriptorError (naming the file and field) for an invalid descriptor, a symlink out of
+    ``dir``, when two backends name the same downstream repository or label, or when a backend of
+    ``active`` (the allowlist in use) would leave without its descriptor saying why (``relay_retired``):
+    a file removed or cut before its relay section is taken for one being written, not a decision.
+    """
+    descriptors = [load_descriptor(p) for p in descriptor_paths(backends_dir)]
+    targets = [BackendTarget.from_descriptor(d) for d in descriptors if d.relay is not None]
+    staying = {t.name for t in targets}
+    retired = {d.name for d in descriptors if d.relay is None and d.relay_retired}
+    for name in sorted(set(active) - staying - retired):
+        path = backends_dir / f"{name}.yaml"
+        why = "has no relay section" if path.exists() else "is missing"
+        raise DescriptorError(
+            f"{path}: backend {name!r} is in the allowlist but its descriptor {why} (a file being written?); "
+            f"the allowlist in use is kept -> to take it out, write relay_retired: <why> in place of its relay section"
+        )
     for attribute in ("repository", "label"):
         seen: dict[str, str] = {}
         for target in targets:

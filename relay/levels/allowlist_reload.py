@@ -9,9 +9,13 @@ a backend whose level changed (a person decided its level). Hands the new target
 (``apply``: intake routing, callback authentication, reporting, re-runs, the level watch, the dashboard)
 and wakes reporting.
 
-A descriptor that does not load (bad YAML, a missing field, two backends on one repository) is
-logged with the loader's message and changes nothing: the relay keeps the allowlist it has, and
-tries again when the files change or on the next SIGHUP.
+A reload is a transaction: it takes effect only when every file loads and every backend of the
+allowlist in use is still in it or its descriptor says why it left (``relay_retired``). Otherwise (bad
+YAML, a missing field, two backends on one repository, a symlink out of the folder, an active backend's
+file cut before its relay section or removed mid-checkout) the loader's message, which names file,
+line and column but never a line's content, is logged and kept in ``last_error``, and nothing changes:
+the relay keeps the allowlist it has, and tries again when the files change or on the next SIGHUP.
+A level is required in each relay section, so a file cut short never reads as a level change.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 from conformance.descriptors import DescriptorError
 
 from relay.periodic import PeriodicThread
-from relay.trust import BackendTarget, load_allowlist
+from relay.trust import BackendTarget, descriptor_paths, load_allowlist
 
 __all__ = ["DescriptorReload"]
 
@@ -37,7 +41,11 @@ Apply = Callable[[tuple[BackendTarget, ...]], None]
 def content_digest(backends_dir: Path) -> str:
     """A digest of every descriptor's name and bytes (what a reload would read)."""
     digest = hashlib.sha256()
-    for path in sorted(backends_dir.glob("*.yaml")):
+    try:
+        paths = descriptor_paths(backends_dir)
+    except DescriptorError as exc:  # the reload reports it; here it only makes the content differ
+        return hashlib.sha256(str(exc).encode()).hexdigest()
+    for path in paths:
         digest.update(path.name.encode() + b"\0")
         try:
             digest.update(path.read_bytes())
@@ -51,8 +59,9 @@ class DescriptorReload:
     """DescriptorReload(backends_dir, store, apply, interval_seconds=, on_level_changed=): see the module."""
 
     def __init__(self, backends_dir: Path, store, apply: Apply, *, interval_seconds: float,
-                 on_level_changed: Callable[[], None] | None = None):
+                 on_level_changed: Callable[[], None] | None = None, active: Sequence[BackendTarget] = ()):
         self.backends_dir = backends_dir
+        self.active = frozenset(t.name for t in active)  # the allowlist in use: none of it leaves silently
         self.store = store
         self.apply = apply
         self.on_level_changed = on_level_changed
@@ -95,15 +104,17 @@ class DescriptorReload:
             return None
         self._digest = digest  # a bad version is reported once, not at every check
         try:
-            targets = load_allowlist(self.backends_dir)
+            targets = load_allowlist(self.backends_dir, active=self.active)
         except DescriptorError as exc:
             self.last_error = str(exc)
             log.error("descriptors not reloaded; keeping the allowlist in use", extra={"error": str(exc)})
             return None
         changed = self.record(targets)
         self.apply(targets)
+        left = sorted(self.active - {t.name for t in targets})
+        self.active = frozenset(t.name for t in targets)
         self.last_error = None
-        log.info("descriptors reloaded", extra={"backends": [t.name for t in targets],
+        log.info("descriptors reloaded", extra={"backends": [t.name for t in targets], "retired": left,
                                                  "level_changes": {n: f"{a} -> {b}" for n, (a, b) in changed.items()}})
         if changed and self.on_level_changed is not None:
             self.on_level_changed()

@@ -259,3 +259,15 @@ def test_no_claims_spin_while_every_due_row_waits_for_a_resting_credential(relay
     empty_claims = claims.labels("empty")._value.get() - before
     assert empty_claims <= int(waited / 1.0) + 4 + 2, (empty_claims, waited)
     assert [r.state for r in relay.store.dispatches()] == ["sent"] * 4
+
+
+def test_a_stored_webhook_wakes_the_dispatcher_of_its_own_process(relay_factory, database_url, one_backend, wait):
+    # The poll is an hour: only intake's wake can bring the dispatch out (other processes' rows are
+    # found by polling; this process's are sent as soon as they are committed).
+    relay = relay_factory(database_url, dispatch_poll_seconds=3600)
+    wait(lambda: relay.parts.metrics.claims.labels("empty")._value.get() >= 1, what="the dispatcher's first pass")
+    for index in range(3):  # each webhook once the dispatcher is idle again
+        relay.post("push", push_payload(after=f"{index + 1}" * 40))
+        wait(lambda: len(relay.fake.dispatches()) == index + 1, timeout=30, what=f"dispatch {index + 1}")
+    relay.wait_settled()
+    assert [r.state for r in relay.store.dispatches()] == ["sent"] * 3

@@ -219,3 +219,83 @@ def test_sighup_reloads_the_descriptors_of_relay_serve(database_url, fake_github
         assert relay.process.poll() is None  # SIGHUP reloads; it does not end the relay
     finally:
         relay.stop()
+
+
+# A reload is a transaction: half-written files, files removed mid-checkout and symlinks out of the
+# folder keep the allowlist in use and name the file, line and column, never a line's content.
+
+def reload_of(store, folder):
+    from relay.trust import load_allowlist
+    targets = load_allowlist(folder)
+    store.sync_backends(targets)
+    applied: list = []
+    return DescriptorReload(folder, store, applied.append, interval_seconds=0, active=targets), applied
+
+
+def test_a_descriptor_cut_before_its_relay_section_keeps_the_backend(store, tmp_path):
+    path = write_backend(tmp_path, "l4", "org/l4-ci", "L4")
+    write_backend(tmp_path, "l2", "org/l2-ci", "L2")
+    reload, applied = reload_of(store, tmp_path)
+    path.write_text(path.read_text().split("relay:")[0])  # still valid YAML, a valid descriptor
+    assert reload.check_once() is None and applied == []
+    assert reload.last_error == (
+        f"{path}: backend 'l4' is in the allowlist but its descriptor has no relay section (a file being written?); "
+        "the allowlist in use is kept -> to take it out, write relay_retired: <why> in place of its relay section")
+    assert [(b.name, b.active) for b in store.backends()] == [("l2", True), ("l4", True)]
+    path.unlink()  # a checkout removing the file before writing it again
+    assert reload.check_once() is None and "descriptor is missing" in reload.last_error
+    path.write_text(path.parent.joinpath("l2.yaml").read_text().replace("l2", "l4").split("relay:")[0]
+                    + "relay_retired: moved to another relay\n")
+    assert reload.check_once() == {} and reload.last_error is None
+    assert [t.name for t in applied[-1]] == ["l2"]
+    assert [(b.name, b.active) for b in store.backends()] == [("l2", True), ("l4", False)]
+
+
+def test_a_descriptor_cut_before_its_level_is_refused_not_a_level_change(store, tmp_path):
+    path = write_backend(tmp_path, "l2", "org/l2-ci", "L2")
+    full = path.read_text()
+    reload, applied = reload_of(store, tmp_path)
+    for _ in range(3):  # a writer caught mid-file, again and again: no level change recorded
+        path.write_text(full.replace(", level: L2}", "}"))
+        assert reload.check_once() is None
+        assert "relay.level: Field required -> add 'relay.level' (line 6, column 8)" in reload.last_error
+        path.write_text(full)
+        assert reload.check_once() == {}
+    assert [(b.name, b.level, b.level_changed_at) for b in store.backends()] == [("l2", "L2", None)]
+    set_level(tmp_path, "l2", "L3")
+    assert reload.check_once() == {"l2": ("L2", "L3")}
+    assert reload.check_once() is None  # recorded once
+
+
+def test_a_yaml_error_names_file_line_and_column_not_the_line(store, tmp_path):
+    path = write_backend(tmp_path, "l4", "org/l4-ci", "L4")
+    reload, _ = reload_of(store, tmp_path)
+    path.write_text(path.read_text() + 'token: "BK-SECRET-555\n')
+    assert reload.check_once() is None
+    assert reload.last_error == (f"{path}: not valid YAML at line 8, column 1: found unexpected end of stream "
+                                 "(the line itself is not shown)")
+    assert "BK-SECRET" not in reload.last_error and "token" not in reload.last_error
+
+
+def test_an_unknown_key_that_is_not_a_name_is_not_echoed(store, tmp_path):
+    path = write_backend(tmp_path, "l4", "org/l4-ci", "L4")
+    reload, _ = reload_of(store, tmp_path)
+    path.write_text(path.read_text() + "root:x:0:0:root:/root:/bin/bash: 1\n")
+    assert reload.check_once() is None
+    assert "<a key>: Extra inputs are not permitted -> remove '<a key>'" in reload.last_error
+    assert "(line 7, column 1)" in reload.last_error and "/bin/bash" not in reload.last_error
+
+
+def test_a_symlink_out_of_the_descriptor_folder_is_refused(store, tmp_path):
+    folder = tmp_path / "backends"
+    folder.mkdir()
+    write_backend(folder, "l4", "org/l4-ci", "L4")
+    outside = write_backend(tmp_path, "l3", "org/l3-ci", "L3")
+    reload, applied = reload_of(store, folder)
+    (folder / "l3.yaml").symlink_to(outside)
+    assert reload.check_once() is None and applied == []
+    assert reload.last_error == (
+        f"{folder / 'l3.yaml'}: a symlink to a file outside {folder}; refused -> put the descriptor itself in the folder")
+    (folder / "l3.yaml").unlink()
+    (folder / "l3.yaml").symlink_to(folder / "l4.yaml")  # inside the folder: read (and found misnamed)
+    assert reload.check_once() is None and "name: 'l4' does not match the file name" in reload.last_error
