@@ -1,18 +1,22 @@
 """Where the project's own test time goes: the README's test command, timed per test and per folder.
 
-    python bench/project_test_time.py [--top 30] [--depth 2] [-- <pytest arguments>]
+    python bench/project_test_time.py [--top 30] [--depth 2] [--write-costs tests/file_costs.json] [-- <pytest arguments>]
 
 Runs the test command (default ``python -m pytest -n 2 --dist loadfile``, the README's) once with a
 JUnit file, then prints the wall time, the summed time of every test (setup, call and teardown), how
 busy the xdist workers were (summed time / (wall x workers), against a perfectly packed run: 100 %),
 the total per test folder (``--depth`` path parts) and the slowest tests. Repeatable: run it on a quiet
-machine, from a fresh clone, and compare its lines before and after a change.
+machine, from a fresh clone, and compare its lines before and after a change. ``--write-costs`` also
+writes each test file's summed seconds to a JSON file: ``tests/file_costs.json`` is the table the test
+run's order comes from (tests/conftest.py: the costliest files start first, so no worker is left with a
+long file at the end).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import subprocess
 import sys
 import tempfile
@@ -51,6 +55,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=30, help="slowest tests to list (default 30)")
     parser.add_argument("--depth", type=int, default=2, help="path parts per folder total (default 2)")
+    parser.add_argument("--write-costs", type=Path, default=None, metavar="PATH",
+                        help="also write each test file's seconds as JSON (tests/file_costs.json orders the run)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: the test command's arguments")
     args = parser.parse_args()
     pytest_args = [a for a in args.pytest_args if a != "--"] or DEFAULT_COMMAND
@@ -92,6 +98,10 @@ def main() -> int:
     print("\nslowest files:")
     for path, seconds in per_file.most_common(10):
         print(f"  {seconds:8.1f} s  {path}")
+    if args.write_costs is not None:
+        costs = {path: round(seconds, 1) for path, seconds in sorted(per_file.items())}
+        args.write_costs.write_text(json.dumps(costs, indent=1) + "\n")
+        print(f"\nwrote the cost of {len(costs)} files to {args.write_costs}")
     print(f"\nslowest {args.top} tests:")
     for seconds, name in sorted(timed, reverse=True)[: args.top]:
         print(f"  {seconds:8.1f} s  {name}")
