@@ -5,6 +5,7 @@ the dead chunks."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
-from relay.store import Store
+from relay.store import Store, result_batches
 from relay.store.database import READ_ONLY
 from relay.results.sweeper import Sweeper
 from tests.relay.conftest import wait_until
@@ -45,6 +46,24 @@ def test_a_webhook_is_committed_while_a_maximal_report_is_stored(results_relay, 
     answers: list[httpx.Response] = []
     completing = threading.Thread(target=lambda: answers.append(drive.complete("l2", nonce, report_body=big)))
     observer = relay.store.engine
+    # Event order, made certain: once the report's thread has written a chunk, its next transaction waits
+    # until the webhook is in (outside any transaction, holding no lock); without this the rest of the
+    # report could be stored before the webhook's round trip, on a quiet machine.
+    webhook_in, wrote = threading.Event(), threading.local()
+    write_chunk, transaction = result_batches.write_chunk, relay.store._transaction
+
+    def counted_chunk(*args, **kwargs):
+        wrote.chunks = getattr(wrote, "chunks", 0) + 1
+        return write_chunk(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def paced_transaction():
+        if getattr(wrote, "chunks", 0):
+            webhook_in.wait(120)
+        with transaction() as session:
+            yield session
+
+    result_batches.write_chunk, relay.store._transaction = counted_chunk, paced_transaction
     completing.start()
     try:
         wait_until(lambda: _staged_rows(observer) > 0, timeout=120, what="the report's first chunk")
@@ -56,7 +75,10 @@ def test_a_webhook_is_committed_while_a_maximal_report_is_stored(results_relay, 
         assert relay.store.run(run.id).state == "in_progress", "the report finished before the webhook got in"
         assert relay.store.test_results([run.id]) == []  # its chunks are not visible before the transition
     finally:
+        webhook_in.set()
         completing.join(300)
+        result_batches.write_chunk = write_chunk
+        del relay.store._transaction
     assert answers and answers[0].status_code == 200, answers and answers[0].text
     assert answers[0].json()["tests_recorded"] == len(big["tests"])
     assert relay.store.run(run.id).state == "completed"
