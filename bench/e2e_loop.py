@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import uuid
 from pathlib import Path
@@ -34,12 +33,11 @@ from cryptography.hazmat.primitives import serialization
 
 from relay.testing import FakeGitHub
 from relay.testing.flaky_proxy import FlakyProxy
+from relay.testing.local_trial import act_command, offline_job_env
 from relay.testing.oidc_issuer import FakeOidcIssuer, new_rsa_key
 
 ROOT = Path(__file__).resolve().parents[1]
 CALLER = ROOT / "workflows" / "examples" / "crcr.yml"
-REUSABLE = ROOT / ".github" / "workflows" / "conformance.yml"
-ACT_STANDINS = ROOT / "workflows" / "act"  # offline stand-ins for the actions the reusable workflow uses
 BACKEND = "cpu"
 BACKEND_REPO = "org/cpu-ci"
 AUDIENCE = "crcr-e2e"
@@ -206,26 +204,10 @@ class Loop:
         event = self.work / f"{name}.event.json"
         event.write_text(json.dumps({"action": dispatch["event_type"], "client_payload": dispatch["client_payload"]}))
 
-        uses_repo, _, rest = job["uses"].partition("/.github/")
-        pinned = rest.rsplit("@", 1)[1]
-        # act resolves every action up front, even one whose `if` is false: each gets its offline stand-in.
-        standins = {"actions/checkout": ACT_STANDINS / "checkout", "actions/cache": ACT_STANDINS / "cache"}
-        command = [shutil.which("act", path=str(Path(sys.executable).parent)) or "act", "repository_dispatch",
-                   "-e", str(event), "-W", str(workflows / "crcr.yml"), "-P", "ubuntu-latest=-self-hosted",
-                   "--local-repository", f"{uses_repo}@{pinned}={ROOT}"]
-        for step in yaml.safe_load(REUSABLE.read_text())["jobs"]["conformance"]["steps"]:
-            if "uses" in step:
-                command += ["--local-repository", f"{step['uses']}={standins[step['uses'].split('@')[0]]}"]
         token_env = self.issuer.actions_token_env(backend_repo, run_id=1)  # act numbers every run 1
-        job_env = {
-            **token_env, "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PYTHONPATH": sysconfig.get_paths()["purelib"],
-            "RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1",  # the relay is served on 127.0.0.1 over plain http
-            "CONFORMANCE_ACT_CHECKOUT_FROM": str(repo),
-            **(env or {}),
-        }
-        for key, value in job_env.items():
-            command += ["--env", f"{key}={value}"]
+        act = shutil.which("act", path=str(Path(sys.executable).parent)) or "act"
+        command = act_command(act, event, workflows / "crcr.yml", job["uses"], ROOT,
+                              {**token_env, **offline_job_env(repo), **(env or {})})
         home = self.work / "home"
         home.mkdir(exist_ok=True)
         venv_bin = str(Path(sys.executable).parent)

@@ -40,7 +40,7 @@ from relay.testing.fake_github import FakeGitHub
 from relay.testing.oidc_issuer import FakeOidcIssuer
 from relay.testing.relay_process import RelayProcess
 
-__all__ = ["Trial", "main"]
+__all__ = ["Trial", "act_command", "main", "offline_job_env"]
 
 AUDIENCE = "crcr-local-trial"
 SECRET = "local-trial-webhook-secret"
@@ -48,6 +48,30 @@ TOKEN = "local-trial-github-token"
 UPSTREAM = "pytorch/pytorch"
 CHECKOUT = Path(__file__).resolve().parents[2]  # an editable install's checkout: the reusable workflow and stand-ins
 STANDINS = {"actions/checkout": "workflows/act/checkout", "actions/cache": "workflows/act/cache"}
+
+
+def offline_job_env(repo_root: Path) -> dict[str, str]:
+    """The ``--env`` a job under act needs offline: plain http to the loopback relay, the checkout stand-in's
+    source, and pip kept off any index with this environment's packages (torch included) on the path."""
+    return {"RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1", "CONFORMANCE_ACT_CHECKOUT_FROM": str(repo_root),
+            "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+
+
+def act_command(act: str, event: Path, workflow: Path, uses: str, conformance: Path, env: dict[str, str]) -> list[str]:
+    """act running ``workflow`` for ``event`` on the host, with ``conformance`` (a checkout) as the reusable
+    workflow its job ``uses`` and the offline stand-ins in place of every action that workflow uses (act
+    fetches each ``uses:`` before it starts, even a step that will not run)."""
+    uses_repo, _, rest = uses.partition("/.github/")
+    command = [act, "repository_dispatch", "-e", str(event), "-W", str(workflow), "-P", "ubuntu-latest=-self-hosted",
+               "--local-repository", f"{uses_repo}@{rest.rsplit('@', 1)[1]}={conformance}"]
+    reusable = yaml.safe_load((conformance / ".github/workflows/conformance.yml").read_text())
+    for step in reusable["jobs"]["conformance"]["steps"]:
+        if "uses" in step:
+            command += ["--local-repository", f"{step['uses']}={conformance / STANDINS[step['uses'].split('@')[0]]}"]
+    for key, value in env.items():
+        command += ["--env", f"{key}={value}"]
+    return command
 
 
 def installed_torch_commit(python: str) -> str:
@@ -131,19 +155,9 @@ class Trial:
         })
         workflow = self.workdir / "crcr.yml"
         workflow.write_text(yaml.safe_dump(caller, sort_keys=False))
-        uses_repo, _, rest = job["uses"].partition("/.github/")
-        command = [str(Path(self.python).parent / "act"), "repository_dispatch", "-e", str(event), "-W", str(workflow),
-                   "-P", "ubuntu-latest=-self-hosted",
-                   "--local-repository", f"{uses_repo}@{rest.rsplit('@', 1)[1]}={self.conformance}"]
-        reusable = yaml.safe_load((self.conformance / ".github/workflows/conformance.yml").read_text())
-        for step in reusable["jobs"]["conformance"]["steps"]:
-            if "uses" in step:
-                command += ["--local-repository", f"{step['uses']}={self.conformance / STANDINS[step['uses'].split('@')[0]]}"]
         env = {**self.issuer.actions_token_env(self.repository, run_id=1),  # act numbers every run 1
-               "RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1", "CONFORMANCE_ACT_CHECKOUT_FROM": str(self.repo_root),
-               "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
-        for key, value in env.items():
-            command += ["--env", f"{key}={value}"]
+               **offline_job_env(self.repo_root)}
+        command = act_command(str(Path(self.python).parent / "act"), event, workflow, job["uses"], self.conformance, env)
         script = self.workdir / "act.sh"
         script.write_text("#!/usr/bin/env bash\n# Written by python -m relay.testing.local_trial: runs the caller with act.\n"
                           f"cd {shlex.quote(str(self.repo_root))}\nexec {shlex.join(command)}\n")

@@ -14,35 +14,16 @@ two ranks over gloo); the relay and its fakes are shared by the token-mode cases
 
 from __future__ import annotations
 
-import copy
-import json
 
 import httpx
 import pytest
 
-from relay.testing.github_openapi import default_description
-from tests.relay.helpers import PAYLOADS_DIR
 from bench.e2e_loop import BACKEND, PREMUL, Loop, torch_git_version, without_known_failure
+from tests.workflows.act_support import ACT_MARKS, real_pr_webhook, upstream_repository
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(default_description() is None,
-                       reason="GitHub's REST description is not installed: npm install --prefix .octokit @octokit/openapi "
-                              "(.ci/run does), or set GITHUB_OPENAPI_DESCRIPTION"),
-    pytest.mark.skipif(not (PAYLOADS_DIR / "pull_request__opened.payload.json").is_file(),
-                       reason=f"real GitHub payloads not found at {PAYLOADS_DIR} (set RELAY_TEST_PAYLOADS_DIR)"),
-]
+pytestmark = ACT_MARKS
 
 SUM = "collectives::test_all_reduce[SUM-float32]"
-
-
-def real_pr_webhook(number: int, head_sha: str) -> dict:
-    """GitHub's own pull_request.opened sample, renumbered and pointed at ``head_sha``."""
-    payload = json.loads((PAYLOADS_DIR / "pull_request__opened.payload.json").read_text())
-    payload = copy.deepcopy(payload)
-    payload["number"] = payload["pull_request"]["number"] = number
-    payload["pull_request"]["head"]["sha"] = head_sha
-    return payload
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +33,7 @@ def torch_commit() -> str:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
-    upstream = json.loads((PAYLOADS_DIR / "pull_request__opened.payload.json").read_text())["repository"]["full_name"]
+    upstream = upstream_repository()
     loop = Loop(tmp_path_factory.mktemp("e2e"), upstream=upstream)
     yield loop
     loop.close()
@@ -135,7 +116,7 @@ def test_cancelled_while_the_suite_runs_reaches_the_relay(loop, torch_commit):
 
 
 def test_provenance_mismatch_is_never_a_pass(tmp_path, torch_commit):
-    upstream = json.loads((PAYLOADS_DIR / "pull_request__opened.payload.json").read_text())["repository"]["full_name"]
+    upstream = upstream_repository()
     loop = Loop(tmp_path, upstream=upstream, app_mode=True)
     try:
         other = "0123456789abcdef" * 2 + "01234567"

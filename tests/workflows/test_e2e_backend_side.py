@@ -7,26 +7,16 @@ offline stand-ins of ``workflows/act/`` for GitHub's own actions; the relay is a
 
 from __future__ import annotations
 
-import copy
-import json
 import time
 
 import httpx
 import pytest
 import yaml
 
-from relay.testing.github_openapi import default_description
-from tests.relay.helpers import PAYLOADS_DIR
 from bench.e2e_loop import ROOT, Loop
+from tests.workflows.act_support import ACT_MARKS, real_pr_webhook, upstream_repository
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(default_description() is None,
-                       reason="GitHub's REST description is not installed: npm install --prefix .octokit @octokit/openapi "
-                              "(.ci/run does), or set GITHUB_OPENAPI_DESCRIPTION"),
-    pytest.mark.skipif(not (PAYLOADS_DIR / "pull_request__opened.payload.json").is_file(),
-                       reason=f"real GitHub payloads not found at {PAYLOADS_DIR} (set RELAY_TEST_PAYLOADS_DIR)"),
-]
+pytestmark = ACT_MARKS
 
 NPU, NPU_REPO = "npu", "org/npu-ci"
 
@@ -40,7 +30,7 @@ def npu_descriptor() -> dict:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
-    upstream = json.loads((PAYLOADS_DIR / "pull_request__opened.payload.json").read_text())["repository"]["full_name"]
+    upstream = upstream_repository()
     allowlisted = {**npu_descriptor(), "relay": {"repository": NPU_REPO, "level": "L4"}}
     loop = Loop(tmp_path_factory.mktemp("e2e-backend-side"), upstream=upstream, extra_backends={NPU: allowlisted})
     yield loop
@@ -54,10 +44,7 @@ def _every_call_to_github_fits_its_description(loop):
 
 
 def dispatch_for_npu(loop: Loop, number: int, head_sha: str) -> dict:
-    payload = copy.deepcopy(json.loads((PAYLOADS_DIR / "pull_request__opened.payload.json").read_text()))
-    payload["number"] = payload["pull_request"]["number"] = number
-    payload["pull_request"]["head"]["sha"] = head_sha
-    return loop.dispatch_of(loop.webhook("pull_request", payload), repo=NPU_REPO)
+    return loop.dispatch_of(loop.webhook("pull_request", real_pr_webhook(number, head_sha)), repo=NPU_REPO)
 
 
 def run_npu(loop: Loop, dispatch: dict, name: str, *, descriptor: str | None = None, inputs: dict | None = None,
