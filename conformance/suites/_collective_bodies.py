@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from conformance.suites._collective_data import PREMUL_FACTOR, packed, payload, reduce_input
+from conformance.suites._collective_data import PREMUL_FACTOR, packed, payload, reduce_input, unwritten, unwritten_like
 from conformance.suites._collective_impls import resolve_dist
 
 
@@ -69,10 +69,10 @@ def reduce_scatter_on_rank(ctx, salt: str, op: str, dtype: str, chunk: int, impl
     dist = resolve_dist(impl)
     world = ctx.world_size
     full = reduce_input(salt, ctx.rank, chunk * world, dtype, op).to(ctx.device)
-    single = torch.empty(chunk, dtype=full.dtype, device=ctx.device)
+    single = unwritten(chunk, full.dtype, ctx.device)
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     scatter(single, full.clone(), op=reduce_op(dist, op))
-    listed = torch.empty(chunk, dtype=full.dtype, device=ctx.device)
+    listed = unwritten(chunk, full.dtype, ctx.device)
     dist.reduce_scatter(listed, list(full.clone().split(chunk)), op=reduce_op(dist, op))
     return single, listed
 
@@ -89,7 +89,7 @@ def reduce_scatter_uneven_on_rank(ctx, salt: str, op: str, dtype: str, impl: str
     dist = resolve_dist(impl)
     sizes = uneven_sizes(ctx.world_size)
     full = reduce_input(salt, ctx.rank, sum(sizes), dtype, op).to(ctx.device)
-    out = torch.empty(sizes[ctx.rank], dtype=full.dtype, device=ctx.device)
+    out = unwritten(sizes[ctx.rank], full.dtype, ctx.device)
     dist.reduce_scatter(out, list(full.split(sizes)), op=reduce_op(dist, op))
     return out
 
@@ -116,9 +116,9 @@ def all_gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torc
     dist = resolve_dist(impl)
     local = payload(salt, ctx.rank, numel, dtype).to(ctx.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    single = torch.empty(numel * ctx.world_size, dtype=local.dtype, device=ctx.device)
+    single = unwritten(numel * ctx.world_size, local.dtype, ctx.device)
     gather(single, local)
-    listed = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    listed = [unwritten_like(local) for _ in range(ctx.world_size)]
     dist.all_gather(listed, local)
     return single, torch.cat(listed)
 
@@ -132,7 +132,7 @@ def gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     local = payload(salt, ctx.rank, numel, dtype).to(ctx.device)
     out = []
     for dst in range(ctx.world_size):
-        listed = [torch.empty_like(local) for _ in range(ctx.world_size)] if ctx.rank == dst else None
+        listed = [unwritten_like(local) for _ in range(ctx.world_size)] if ctx.rank == dst else None
         dist.gather(local, listed, dst=dst)
         out.append(listed)
     return out
@@ -148,7 +148,7 @@ def scatter_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch")
     for src in range(ctx.world_size):
         chunks = ([payload(f"{salt}/{src}", r, numel, dtype).to(ctx.device) for r in range(ctx.world_size)]
                   if ctx.rank == src else None)
-        received = torch.empty(numel, dtype=getattr(torch, dtype), device=ctx.device)
+        received = unwritten(numel, getattr(torch, dtype), ctx.device)
         dist.scatter(received, chunks, src=src)
         out.append(received)
     return out
@@ -178,7 +178,7 @@ def all_to_all_single_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str =
     send_sizes = [a2a_sizes(kind, rank, dst, world) for dst in range(world)]
     recv_sizes = [a2a_sizes(kind, src, rank, world) for src in range(world)]
     send = torch.cat([a2a_block(salt, rank, dst, n, dtype) for dst, n in enumerate(send_sizes)]).to(ctx.device)
-    recv = torch.empty(sum(recv_sizes), dtype=send.dtype, device=ctx.device)
+    recv = unwritten(sum(recv_sizes), send.dtype, ctx.device)
     if kind == "even":
         dist.all_to_all_single(recv, send)
     else:
@@ -194,7 +194,7 @@ def all_to_all_list_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str = "
     world, rank = ctx.world_size, ctx.rank
     send = [a2a_block(salt, rank, dst, a2a_sizes(kind, rank, dst, world), dtype).to(ctx.device)
             for dst in range(world)]
-    recv = [torch.empty(a2a_sizes(kind, src, rank, world), dtype=send[0].dtype, device=ctx.device)
+    recv = [unwritten(a2a_sizes(kind, src, rank, world), send[0].dtype, ctx.device)
             for src in range(world)]
     dist.all_to_all(recv, send)
     return torch.cat(recv)
@@ -220,14 +220,14 @@ def coalesced_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
             dist.all_reduce(t)
     out["coalesced all_reduce"] = tensors
     locals_ = [payload(f"{salt}/{i}", ctx.rank, n, dtype).to(ctx.device) for i, n in enumerate(sizes)]
-    gathered = [torch.empty(n * world, dtype=locals_[0].dtype, device=ctx.device) for n in sizes]
+    gathered = [unwritten(n * world, locals_[0].dtype, ctx.device) for n in sizes]
     with dist._coalescing_manager():
         for o, i in zip(gathered, locals_):
             dist.all_gather_into_tensor(o, i)
     out["coalesced all_gather_into_tensor"] = gathered
     fulls = [reduce_input(f"{salt}/rs{i}", ctx.rank, n * world, dtype, "SUM").to(ctx.device)
              for i, n in enumerate(sizes)]
-    scattered = [torch.empty(n, dtype=fulls[0].dtype, device=ctx.device) for n in sizes]
+    scattered = [unwritten(n, fulls[0].dtype, ctx.device) for n in sizes]
     with dist._coalescing_manager():
         for o, i in zip(scattered, fulls):
             dist.reduce_scatter_tensor(o, i)
@@ -255,22 +255,22 @@ def _async_call(dist, ctx, name: str, salt: str):
     if name == "reduce":
         return dist.reduce(mine, dst=world - 1, async_op=True), [mine] if rank == world - 1 else []
     if name == "all_gather":
-        out = [torch.empty_like(mine) for _ in range(world)]
+        out = [unwritten_like(mine) for _ in range(world)]
         return dist.all_gather(out, mine, async_op=True), out
     if name == "all_gather_into_tensor":
-        out = torch.empty(4 * world, device=device)
+        out = unwritten(4 * world, torch.float32, device)
         return dist.all_gather_into_tensor(out, mine, async_op=True), [out]
     if name == "gather":
-        out = [torch.empty_like(mine) for _ in range(world)] if rank == world - 1 else None
+        out = [unwritten_like(mine) for _ in range(world)] if rank == world - 1 else None
         return dist.gather(mine, out, dst=world - 1, async_op=True), out or []
     if name == "scatter":
         chunks = [reduce_input(salt, r, 4, "float32", "SUM").to(device) for r in range(world)] \
             if rank == world - 1 else None
-        out = torch.empty(4, device=device)
+        out = unwritten(4, torch.float32, device)
         return dist.scatter(out, chunks, src=world - 1, async_op=True), [out]
     if name in ("reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single"):
         full = reduce_input(salt, rank, 4 * world, "float32", "SUM").to(device)
-        out = torch.empty(4, device=device) if name.startswith("reduce") else torch.empty(4 * world, device=device)
+        out = unwritten(4 if name.startswith("reduce") else 4 * world, torch.float32, device)
         if name == "reduce_scatter":
             return dist.reduce_scatter(out, list(full.split(4)), async_op=True), [out]
         if name == "reduce_scatter_tensor":
@@ -353,7 +353,7 @@ def send_recv_pairs_on_rank(ctx, salt: str, dtype: str, numel: int, pairs: list,
         if ctx.rank == src:
             dist.send(payload(f"{salt}/{src}->{dst}", src, numel, dtype).to(ctx.device), dst=dst)
         elif ctx.rank == dst:
-            buf = torch.empty(numel, dtype=getattr(torch, dtype), device=ctx.device)
+            buf = unwritten(numel, getattr(torch, dtype), ctx.device)
             dist.recv(buf, src=src)
             got[f"{src}->{dst}"] = buf
     return got
@@ -370,7 +370,7 @@ def isend_irecv_tags_on_rank(ctx, salt: str, count: int, impl: str = "torch"):
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     sends = [dist.isend(payload(f"{salt}/{tag}", rank, 5 + tag, "int64").to(ctx.device), dst=nxt, tag=tag)
              for tag in range(count)]
-    bufs = {tag: torch.empty(5 + tag, dtype=torch.int64, device=ctx.device) for tag in reversed(range(count))}
+    bufs = {tag: unwritten(5 + tag, torch.int64, ctx.device) for tag in reversed(range(count))}
     recvs = [dist.irecv(buf, src=prev, tag=tag) for tag, buf in bufs.items()]
     for work in recvs + sends:
         work.wait()
@@ -387,8 +387,8 @@ def batch_isend_irecv_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     to_next = payload(f"{salt}/fwd", rank, 6, dtype).to(ctx.device)
     to_prev = payload(f"{salt}/bwd", rank, 9, dtype).to(ctx.device)
-    from_prev = torch.empty(6, dtype=to_next.dtype, device=ctx.device)
-    from_next = torch.empty(9, dtype=to_next.dtype, device=ctx.device)
+    from_prev = unwritten(6, to_next.dtype, ctx.device)
+    from_next = unwritten(9, to_next.dtype, ctx.device)
     ops = [dist.P2POp(dist.isend, to_next, nxt, tag=1), dist.P2POp(dist.isend, to_prev, prev, tag=2),
            dist.P2POp(dist.irecv, from_prev, prev, tag=1), dist.P2POp(dist.irecv, from_next, nxt, tag=2)]
     for work in dist.batch_isend_irecv(ops):
@@ -427,7 +427,7 @@ def subgroups_on_rank(ctx, salt: str, kind: str, impl: str = "torch"):
     reduced = reduce_input(f"{salt}/{kind}", rank, 5, "int64", "SUM").to(ctx.device)
     dist.all_reduce(reduced, group=group)
     mine = payload(f"{salt}/{kind}", rank, 4, "int64").to(ctx.device)
-    gathered = [torch.empty_like(mine) for _ in members]
+    gathered = [unwritten_like(mine) for _ in members]
     dist.all_gather(gathered, mine, group=group)
     return members, reduced, torch.cat(gathered)
 
@@ -513,13 +513,13 @@ def large_on_rank(ctx, salt: str, impl: str = "torch"):
     dist.broadcast(mine, src=world - 1)
     out["broadcast"] = same_bits(mine.cpu(), payload(salt, world - 1, numel, "float32"))
     local = payload(salt, rank, numel, "float32").to(ctx.device)
-    gathered = torch.empty(numel * world, device=ctx.device)
+    gathered = unwritten(numel * world, torch.float32, ctx.device)
     dist.all_gather_into_tensor(gathered, local)
     out["all_gather_into_tensor"] = same_bits(gathered.cpu(), torch.cat([payload(salt, r, numel, "float32")
                                                                          for r in range(world)]))
     chunk = numel // world
     send = payload(f"{salt}/a2a", rank, chunk * world, "float32").to(ctx.device)
-    recv = torch.empty_like(send)
+    recv = unwritten_like(send)
     dist.all_to_all_single(recv, send)
     want = torch.cat([payload(f"{salt}/a2a", r, chunk * world, "float32")[rank * chunk:(rank + 1) * chunk]
                       for r in range(world)])

@@ -135,6 +135,24 @@ def payload(salt: str, rank: int, numel: int, dtype_name: str):
     return torch.cat([edges, random[len(edges):]]) if numel else random
 
 
+def unwritten(numel: int, dtype, device):
+    """An output buffer for a collective to fill: every byte 0xA5 (bool: all False). Never
+    ``torch.empty``: a caching allocator hands back the block an identical call just freed, still
+    holding the expected bytes, and an output the collective never wrote would pass."""
+    import torch
+
+    dtype = dtype_of(dtype) if isinstance(dtype, str) else dtype
+    if dtype == torch.bool:
+        return torch.zeros(numel, dtype=dtype, device=device)
+    out = torch.empty(numel, dtype=dtype, device=device)
+    out.view(torch.uint8).fill_(0xA5)
+    return out
+
+
+def unwritten_like(tensor):
+    return unwritten(tensor.numel(), tensor.dtype, tensor.device).view(tensor.shape)
+
+
 @_on_host
 def reduce_input(salt: str, rank: int, numel: int, dtype_name: str, op: str):
     """Rank ``rank``'s input to reduction ``op``: integer values that reduce exactly (CPU)."""

@@ -11,7 +11,7 @@ flight together corrupt gloo's heap (docs/known-bugs.md, item 18). Every functio
 from __future__ import annotations
 
 from conformance.suites._collective_bodies import _error
-from conformance.suites._collective_data import packed, payload, reduce_input
+from conformance.suites._collective_data import packed, payload, reduce_input, unwritten
 from conformance.suites._collective_impls import resolve_dist
 
 COALESCED_SIZES = (3, 17, 1)  # elements per rank of each tensor of one coalesced call
@@ -28,7 +28,7 @@ def uneven_all_gather_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
 
     dist = resolve_dist(impl)
     mine = payload(salt, ctx.rank, uneven_size(ctx.rank), dtype).to(ctx.device)
-    out = [torch.empty(uneven_size(r), dtype=mine.dtype, device=ctx.device) for r in range(ctx.world_size)]
+    out = [unwritten(uneven_size(r), mine.dtype, ctx.device) for r in range(ctx.world_size)]
     try:
         dist.all_gather(out, mine)
     except (RuntimeError, ValueError) as exc:
@@ -45,7 +45,7 @@ def coalesced_direct_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     pg, world, rank = dist.group.WORLD, ctx.world_size, ctx.rank
     out: dict = {}
     inputs = [payload(f"{salt}/ag{i}", rank, n, dtype).to(ctx.device) for i, n in enumerate(COALESCED_SIZES)]
-    outputs = [torch.empty(n * world, dtype=inputs[0].dtype, device=ctx.device) for n in COALESCED_SIZES]
+    outputs = [unwritten(n * world, inputs[0].dtype, ctx.device) for n in COALESCED_SIZES]
     try:
         pg.allgather_into_tensor_coalesced(outputs, inputs).wait()
         out["allgather_into_tensor_coalesced"] = outputs
@@ -53,7 +53,7 @@ def coalesced_direct_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
         out["allgather_into_tensor_coalesced"] = _error(exc)
     fulls = [reduce_input(f"{salt}/rs{i}", rank, n * world, dtype, "SUM").to(ctx.device)
              for i, n in enumerate(COALESCED_SIZES)]
-    scattered = [torch.empty(n, dtype=fulls[0].dtype, device=ctx.device) for n in COALESCED_SIZES]
+    scattered = [unwritten(n, fulls[0].dtype, ctx.device) for n in COALESCED_SIZES]
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = dist.ReduceOp.SUM
     try:
