@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections import Counter
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +40,8 @@ def _common_pytest_args(args: argparse.Namespace) -> list[str]:
         out.append("--strict-known-failures")
     if args.world_size:
         out += ["--world-size", str(args.world_size)]
+    if not getattr(args, "single_world_size", True):
+        out += ["--max-ranks", args.max_ranks]
     if args.backends_dir:
         out += ["--backends-dir", args.backends_dir]
     return out
@@ -103,6 +106,18 @@ def unexpected_pass_lines(report) -> list[str]:
     return lines
 
 
+def world_size_line(report) -> str | None:
+    """How many tests ran (not skipped) on pools of each size, and how many without ranks."""
+    ran = [t for t in report.tests if t.outcome != "skipped"]
+    sizes = Counter(t.world_size for t in ran if t.world_size is not None)
+    if not sizes:
+        return None
+    parts = [f"{count} on {size} ranks" for size, count in sorted(sizes.items())]
+    if without := sum(t.world_size is None for t in ran):
+        parts.append(f"{without} without ranks")
+    return "tests run: " + ", ".join(parts)
+
+
 def lack_of_ranks(report) -> str | None:
     """A line saying how many tests were skipped for lack of ranks and how to run them, or None.
 
@@ -112,8 +127,9 @@ def lack_of_ranks(report) -> str | None:
     if not needed:
         return None
     most = max(needed)
-    return (f"{len(needed)} tests skipped for lack of ranks (they need up to {most}); run them with: "
-            f"conformance run --world-size {most} -- -m world_size")
+    how = (f"conformance run --max-ranks {most}" if report.backend.device_type == "cpu"
+           else f"conformance run --max-ranks {most} on a machine with {most} {report.backend.device_type} devices")
+    return f"{len(needed)} tests skipped for lack of ranks (they need up to {most}); run them with: {how}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -147,6 +163,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"conformance on {report.backend.name} ({report.backend.distributed_backend}, "
           f"{report.backend.world_size} ranks, torch {report.torch.version}):")
     print(format_table(report))
+    if sizes := world_size_line(report):
+        print(sizes)
     for line in rank_lines(report):
         print(line)
     short = lack_of_ranks(report)
@@ -259,6 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", default="auto", help="descriptor name, or auto to detect (default)")
         if world_size:
             p.add_argument("--world-size", type=int, default=None, help="ranks (default: the descriptor's)")
+            p.add_argument("--max-ranks", default="all", metavar="N|all",
+                           help="most ranks a test that needs more than the world size gets, in a pool of its "
+                                "own (default: all, any number on cpu, the device count on an accelerator)")
+            p.add_argument("--single-world-size", action="store_true",
+                           help="one pool of the world size; tests that need more ranks skip")
         p.add_argument("--backends-dir", default=None,
                        help="extra descriptor directory; overrides packaged descriptors of the same name")
 

@@ -24,6 +24,7 @@ SESSION_KEY = pytest.StashKey["ConformanceSession | None"]()
 # and appear in the JUnit file as <property> elements of the test case.
 KNOWN_FAILURE_PROPERTY = "conformance.known_failure."  # + match, reason, link, torch
 OUTCOME_PROPERTY = "conformance.outcome"
+WORLD_SIZE_PROPERTY = "conformance.world_size"  # the ranks of the pool a test ran on
 UNEXPECTED_PASS = "unexpected_pass"
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 
@@ -35,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="backend descriptor to test: auto (detect, the default) or a descriptor name")
     group.addoption("--world-size", type=_parse_world_size, default=None,
                     help="ranks per pool and most ranks a test may use (default: the descriptor's)")
+    group.addoption("--max-ranks", type=_parse_max_ranks, default=None, metavar="N|all",
+                    help="most ranks a @world_size test may get, in a pool of its own: a number, or all (any on "
+                         "cpu, the device count on an accelerator); default: the world size, one pool")
     group.addoption("--backends-dir", default=None,
                     help="extra descriptor directory overriding packaged ones (env CONFORMANCE_BACKENDS_DIR)")
     group.addoption("--rank-timeout", type=_parse_timeout, default=300.0,
@@ -54,6 +58,18 @@ def _parse_world_size(value: str) -> int:
         number = 0
     if number < 1:
         raise pytest.UsageError(f"--world-size: expected a positive integer, got {value!r}")
+    return number
+
+
+def _parse_max_ranks(value: str) -> int | str:
+    if value == "all":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise pytest.UsageError(f"--max-ranks: expected a positive integer or all, got {value!r}")
     return number
 
 
@@ -119,6 +135,7 @@ def _session(config: pytest.Config):
         from conformance.session import ConformanceSession, RunOptions
 
         options = RunOptions(backend=config.getoption("backend"), world_size=config.getoption("world_size"),
+                             max_ranks=config.getoption("max_ranks"),
                              backends_dir=config.getoption("backends_dir"),
                              rank_timeout=config.getoption("rank_timeout"),
                              shared_dir=_shared_dir(config.getoption("shared_dir")))
@@ -222,9 +239,12 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
     if needed is not None and needed > session.available_ranks:
         item.add_marker(pytest.mark.skip(
             reason=f"needs {needed} ranks; {session.descriptor.name} run has {session.available_ranks} "
-                   f"(raise --world-size to {needed}{' and provide the devices' if session.descriptor.device_type != 'cpu' else ''})"))
+                   f"(--max-ranks {needed}{' and the devices' if session.descriptor.device_type != 'cpu' else ''})"))
         return
-    known = session.descriptor.known_failure_for(test_id_of(item), session.world_size, session.torch_version)
+    pool_size = needed or session.world_size
+    if "ranks" in getattr(item, "fixturenames", ()):
+        item.user_properties.append((WORLD_SIZE_PROPERTY, pool_size))
+    known = session.descriptor.known_failure_for(test_id_of(item), pool_size, session.torch_version)
     if known is not None:
         item.user_properties.extend((KNOWN_FAILURE_PROPERTY + key, value) for key, value in
                                     known.model_dump(include={"match", "reason", "link", "torch"}).items()
@@ -335,6 +355,7 @@ class ConformanceRun:
         self.config = config
         self.verdicts: dict[str, tuple[str, str, str]] = {}  # nodeid -> (suite, outcome, message)
         self.known_failures: dict[str, KnownFailureApplied] = {}
+        self.world_sizes: dict[str, int] = {}  # tests that ran on ranks: the ranks of their pool
         self.durations: defaultdict[str, float] = defaultdict(float)
         self.worker_events: list[str] = []
         self.running: tuple[str, str] | None = None  # (nodeid, suite) of the test in progress
@@ -369,10 +390,14 @@ class ConformanceRun:
         known = _known_failure(report)
         if known is not None:
             self.known_failures[report.nodeid] = known
+        for name, value in report.user_properties:
+            if name == WORLD_SIZE_PROPERTY:
+                self.world_sizes[report.nodeid] = int(value)
 
     def results(self) -> list[TestResult]:
         return [TestResult(nodeid=nodeid, suite=suite, outcome=outcome, duration=self.durations[nodeid],
-                           message=message, known_failure=self.known_failures.get(nodeid))
+                           message=message, known_failure=self.known_failures.get(nodeid),
+                           world_size=self.world_sizes.get(nodeid))
                 for nodeid, (suite, outcome, message) in self.verdicts.items()]
 
     @pytest.hookimpl(optionalhook=True)

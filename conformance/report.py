@@ -38,9 +38,9 @@ __all__ = [
     "write_report",
 ]
 
-# 1.1 added the unexpected_pass outcome, tests[].known_failure and summary.unexpected_passes; a 1.0 report is
-# a valid 1.1 report, so readers accept both.
-SCHEMA_VERSION = "1.1"
+# 1.1 added the unexpected_pass outcome, tests[].known_failure and summary.unexpected_passes; 1.2 added
+# tests[].world_size. Each is a superset of the one before, so readers accept all three.
+SCHEMA_VERSION = "1.2"
 # unexpected_pass: a test that a descriptor's known failure covers passed (news: bound or remove the entry);
 # xpassed stays what pytest means by it, a test's own non-strict xfail marker that passed.
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error", "unexpected_pass")
@@ -117,6 +117,8 @@ class TestResult(_Model):
         default_factory=list, description="under a launcher: every rank's outcome and node (outcome is the worst)")
     known_failure: KnownFailureApplied | None = Field(
         default=None, description="the known-failure entry that applied (xfailed, skipped or unexpected_pass)")
+    world_size: int | None = Field(
+        default=None, ge=1, description="the ranks of the pool the test ran on (none: it did not run on ranks)")
 
 
 class ConformanceReport(_Model):
@@ -124,7 +126,7 @@ class ConformanceReport(_Model):
 
     model_config = ConfigDict(extra="forbid", title="Conformance report")
 
-    schema_version: Literal["1.0", "1.1"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2"] = SCHEMA_VERSION
     backend: BackendInfo
     torch: TorchInfo
     host: HostInfo

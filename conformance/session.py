@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from conformance.capabilities import CapabilityReport, probe_capabilities
 from conformance.descriptors import CAPABILITIES, BackendDescriptor, DescriptorError, load_descriptors
@@ -27,6 +28,9 @@ __all__ = ["ConformanceSession", "RunOptions"]
 class RunOptions:
     backend: str = "auto"
     world_size: int | None = None
+    # The most ranks a @world_size(n) test may get, in a pool of its own: a number, "all" (any number on
+    # CPU, the device count on an accelerator) or None (the world size: one pool for the run).
+    max_ranks: int | Literal["all"] | None = None
     backends_dir: str | None = None
     rank_timeout: float = 300.0
     shared_dir: str | None = None  # a directory every rank sees (--shared-dir); None: chosen per host
@@ -90,15 +94,19 @@ class ConformanceSession:
                     f"--world-size {options.world_size} disagrees with the launcher's WORLD_SIZE {launcher.world_size}: "
                     "under torchrun the world is the launcher's (--nnodes x --nproc-per-node); leave --world-size out")
             world_size, ranks_here = launcher.world_size, launcher.local_world_size
+            available = world_size  # a launcher's world cannot be resized within a run
         else:
             world_size = options.world_size or default_world_size(descriptor)
             ranks_here = world_size
+            available = max(world_size, _available_ranks(options.max_ranks, descriptor, world_size))
         check_devices(descriptor, ranks_here, _device_count(descriptor))
+        if available > ranks_here:
+            check_devices(descriptor, available, _device_count(descriptor), option="--max-ranks")
         note = absent_accelerator_note() if options.backend == "auto" else None
         if note is not None:
             note += f", so it runs {descriptor.name} over {descriptor.distributed_backend}"
         session = cls(options=options, descriptor=descriptor, capabilities=capabilities, world_size=world_size,
-                      available_ranks=world_size, launcher=launcher, detection_note=note)
+                      available_ranks=available, launcher=launcher, detection_note=note)
         on_ranks[0] = lambda: session.pool(session.world_size).probed_on_ranks()
         return session
 
@@ -244,7 +252,7 @@ class ConformanceSession:
         lines = [
             f"conformance: backend {d.name} ({d.source}), device {d.device_type}, "
             f"distributed backend {d.distributed_backend}, torch {torch.__version__}, "
-            f"world size {self.world_size} (ranks available: {self.available_ranks})",
+            f"world size {self.world_size} ({self._available_text()})",
         ]
         if self.detection_note:
             lines.append(f"conformance: {self.detection_note}")
@@ -266,6 +274,13 @@ class ConformanceSession:
             lines.append(f"conformance: known failures: {len(d.known_failures) - outside} of {len(d.known_failures)} "
                          f"entries apply to torch {self.torch_version} ({outside} bounded to other versions)")
         return lines
+
+    def _available_text(self) -> str:
+        if self.available_ranks == self.world_size:
+            return "one pool; tests that need more ranks skip"
+        if self.available_ranks >= UNBOUNDED_RANKS:
+            return "tests that need more ranks get a pool of their size"
+        return f"tests that need up to {self.available_ranks} ranks get a pool of their size"
 
     def build_report(self, tests: list[TestResult], extra_events: list[str] = ()) -> ConformanceReport:
         import torch
@@ -302,7 +317,7 @@ def merge_rank_results(per_rank: dict[int, dict]) -> list[TestResult]:
         worst = min(entries, key=lambda e: (_SEVERITY.index(e[2].outcome), e[0]))[2]
         merged.append(TestResult(
             nodeid=nodeid, suite=worst.suite, outcome=worst.outcome, message=worst.message,
-            known_failure=worst.known_failure,
+            known_failure=worst.known_failure, world_size=worst.world_size,
             duration=max(e[2].duration for e in entries),
             ranks=[RankOutcome(rank=r, node=node, outcome=t.outcome, message=t.message if t.outcome != "passed" else "")
                    for r, node, t in entries]))
@@ -340,7 +355,22 @@ def default_world_size(descriptor: BackendDescriptor) -> int:
     return max(_device_count(descriptor) or 0, 1)
 
 
-def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: int | None) -> None:
+def _available_ranks(max_ranks: int | str | None, descriptor: BackendDescriptor, world_size: int) -> int:
+    """The largest pool ``--max-ranks`` allows: ``all`` is any number on CPU (ranks are processes) and
+    the device count on an accelerator (one rank per device)."""
+    if max_ranks is None:
+        return world_size
+    if max_ranks != "all":
+        return int(max_ranks)
+    count = _device_count(descriptor)
+    return UNBOUNDED_RANKS if count is None else max(count, 1)
+
+
+UNBOUNDED_RANKS = 1 << 16  # ``--max-ranks all`` on CPU: as many ranks as a test asks for
+
+
+def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: int | None,
+                  option: str = "--world-size") -> None:
     """Refuse more ranks on this machine than it has devices (``None``: CPU, any number). NCCL and its
     peers put one rank per device; two ranks sharing one fail at the first collective, far from the cause."""
     if device_count is None or ranks_here <= device_count:
@@ -355,5 +385,5 @@ def check_devices(descriptor: BackendDescriptor, ranks_here: int, device_count: 
             "has (CPU over gloo when it has no accelerator)")
     raise WorldSizeError(
         f"{ranks_here} ranks on this machine need {ranks_here} {descriptor.device_type} devices (one rank per device "
-        f"for {descriptor.distributed_backend}), but it has {device_count}: pass --world-size {device_count} or "
-        f"fewer, or start fewer processes per node")
+        f"for {descriptor.distributed_backend}), but it has {device_count}: pass {option} {device_count} or "
+        f"fewer{', or start fewer processes per node' if option == '--world-size' else ''}")

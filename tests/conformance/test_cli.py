@@ -128,14 +128,26 @@ def test_list_names_a_suite_that_cannot_be_collected(tmp_path, monkeypatch, caps
     assert "No module named 'no_such_module_for_conformance'" in err
 
 
-def test_run_says_how_many_tests_lacked_ranks_and_how_to_run_them(tmp_path):
-    result = conformance("run", "--suite", "p2p", "--report", "r.json", "--", "-k", "other_than_0 or tags", cwd=tmp_path)
+def test_run_gives_a_test_that_needs_more_ranks_a_pool_of_its_size_and_says_how_many_ran_on_each(tmp_path):
+    args = ("run", "--suite", "p2p", "--report", "r.json", "--", "-k", "other_than_0 or tags")
+    result = conformance(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = validate_report(json.loads((tmp_path / "r.json").read_text()))
+    sizes = {t.nodeid.split("::")[-1]: (t.outcome, t.world_size) for t in report.tests}
+    assert sizes["test_send_recv_between_ranks_other_than_0"] == ("passed", 4)
+    tags = [s for name, s in sizes.items() if name.startswith("test_isend_irecv_tags")]
+    assert tags and set(tags) == {("passed", 2)}
+    assert f"tests run: {len(tags)} on 2 ranks, 1 on 4 ranks\n" in result.stdout
+    assert "lack of ranks" not in result.stdout
+
+    result = conformance(*args[:5], "--single-world-size", *args[5:], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = validate_report(json.loads((tmp_path / "r.json").read_text()))
     skipped = [t for t in report.tests if t.outcome == "skipped"]
     assert [t.nodeid.split("::")[-1] for t in skipped] == ["test_send_recv_between_ranks_other_than_0"]
-    assert ("1 tests skipped for lack of ranks (they need up to 4); run them with: conformance run --world-size 4 "
-            "-- -m world_size") in result.stdout
+    assert f"tests run: {len(tags)} on 2 ranks\n" in result.stdout
+    assert ("1 tests skipped for lack of ranks (they need up to 4); run them with: conformance run --max-ranks 4"
+            in result.stdout)
 
 
 def test_the_documented_slurm_line_parses_for_torchrun_and_for_conformance_run():

@@ -36,7 +36,7 @@ def test_needs_symm(ranks):
 
 @world_size(4)
 def test_four(ranks):
-    raise AssertionError("must not run with 2 ranks")
+    assert ranks.run(on_rank, 1) == [10, 10, 10, 10]  # skipped unless --max-ranks lets it have 4
 
 def test_known_bug(ranks):
     assert ranks.run(on_rank, 1) == [0, 0]
@@ -91,7 +91,7 @@ def test_skip_xfail_and_report(pytester, suite):
     assert "symmetric_memory=no" in out and "collectives=yes" in out
     # skip reasons name what is missing and why
     assert "requires symmetric_memory: cpu declares symmetric_memory: false" in out
-    assert "needs 4 ranks; cpu run has 2 (raise --world-size to 4)" in out
+    assert "needs 4 ranks; cpu run has 2 (--max-ranks 4)" in out
     assert "known failure on cpu: hangs the group (https://example.org/3)" in out
     # a known failure that passes is an unexpected pass, shown but not a failure
     assert "XPASS test_demo.py::test_fixed_bug - known failure on cpu: was wrong once" in out
@@ -121,11 +121,43 @@ def test_skip_xfail_and_report(pytester, suite):
     junit = ElementTree.parse(pytester.path / "junit.xml").getroot()
     fixed = next(case for case in junit.iter("testcase") if case.get("name") == "test_fixed_bug")
     assert {p.get("name"): p.get("value") for p in fixed.iter("property")} == {
+        "conformance.world_size": "2",
         "conformance.outcome": "unexpected_pass", "conformance.known_failure.match": "demo::test_fixed_bug",
         "conformance.known_failure.reason": "was wrong once", "conformance.known_failure.link": "https://example.org/2"}
     assert not list(fixed.iter("failure"))
     failed = next(case for case in junit.iter("testcase") if case.get("name") == "test_fails")
-    assert list(failed.iter("failure")) and not list(failed.iter("property"))
+    assert list(failed.iter("failure"))
+    assert {p.get("name"): p.get("value") for p in failed.iter("property")} == {"conformance.world_size": "2"}
+
+
+def test_with_max_ranks_a_test_that_needs_more_ranks_gets_a_pool_of_its_size(pytester, suite):
+    pytester.makepyfile(test_bigger='''
+        from conformance import world_size
+        from test_demo import on_rank
+
+        @world_size(4)
+        def test_wrong_on_four(ranks):
+            assert ranks.run(on_rank, 1) == [0, 0, 0, 0]
+    ''')
+    descriptor = cpu_descriptor()
+    descriptor["known_failures"].append({"match": "bigger::test_wrong_on_four", "reason": "wrong from 4 ranks",
+                                         "link": "https://example.org/4", "min_world_size": 4})
+    (suite / "cpu.yaml").write_text(yaml.safe_dump(descriptor))
+    args = ("--backends-dir", str(suite), "--conformance-report", "report.json", "-k", "four or sum", "-rxs",
+            "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*args, "--max-ranks", "all")
+    result.assert_outcomes(passed=2, xfailed=1)
+    assert "world size 2 (tests that need more ranks get a pool of their size)" in result.stdout.str()
+    tests = outcomes(json.loads((pytester.path / "report.json").read_text()))
+    assert {name: (t["outcome"], t["world_size"]) for name, t in tests.items()} == {
+        "test_sum": ("passed", 2), "test_four": ("passed", 4), "test_wrong_on_four": ("xfailed", 4)}
+    # a 4-rank pool of its own, and the known failure judged by the pool's size, not the run's world size
+    result = pytester.runpytest_subprocess(*args, "--max-ranks", "3")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*needs 4 ranks; cpu run has 3 (--max-ranks 4)*"])
+    result = pytester.runpytest_subprocess(*args, "--max-ranks", "none")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--max-ranks: expected a positive integer or all, got 'none'" in result.stderr.str()
 
 
 def test_strict_known_failures_make_an_unexpected_pass_fatal(pytester, suite):

@@ -54,10 +54,21 @@ def test_a_1_1_report_carries_unexpected_passes_with_their_entry_and_1_0_stays_v
     assert str(info.value).endswith("is not valid under any of the given schemas")
 
 
+def test_a_1_2_report_names_the_pool_size_of_each_test_and_refuses_a_pool_of_none():
+    data = copy.deepcopy(GOOD)
+    data["schema_version"] = "1.2"
+    data["tests"][0]["world_size"] = 4
+    assert validate_report(data).tests[0].world_size == 4
+    assert validate_report(GOOD).tests[0].world_size is None  # 1.0 and 1.1 reports stay valid
+    data["tests"][0]["world_size"] = 0
+    with pytest.raises(ReportValidationError, match="report invalid at tests/0/world_size: 0 is not valid under any"):
+        validate_report(data)
+
+
 @pytest.mark.parametrize("mutate, expected", [
     (lambda r: r.pop("backend"), "report invalid at <root>: 'backend' is a required property"),
     (lambda r: r["tests"][0].update(outcome="exploded"), "report invalid at tests/0/outcome: 'exploded' is not one of"),
-    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '2.0' is not one of ['1.0', '1.1']"),
+    (lambda r: r.update(schema_version="2.0"), "report invalid at schema_version: '2.0' is not one of ['1.0', '1.1', '1.2']"),
     (lambda r: r["summary"].update(passed="many"), "report invalid at summary/passed: 'many' is not of type 'integer'"),
     (lambda r: r["tests"][0].update(duration=-1), "report invalid at tests/0/duration: -1 is less than the minimum of 0"),
     (lambda r: r.update(extra=1), "Additional properties are not allowed ('extra' was unexpected)"),
