@@ -31,6 +31,7 @@ from relay.levels.proposals import Proposer
 from relay.levels.review import criteria_from_settings
 from relay.levels.watch import LevelWatch
 from relay.metrics import Metrics
+from relay.periodic import ReplicaLease
 from relay.results.oidc import CallerAuth, JwksCache, OidcVerifier
 from relay.results.receiver import CallbackService, RateLimiter, ReportLimits
 from relay.results.reporter import CHECK_RUN, STATUS, Reporter, ReportingWorker
@@ -172,12 +173,15 @@ def build_results_side(settings, *, allowlist, store, github: Any, metrics, disp
     if settings.level_watch_enabled:
         level_watch = LevelWatch(store, allowlist, criteria=criteria_from_settings(settings),
                                  recovery_seconds=settings.level_hold_recovery_hours * 3600,
-                                 interval_seconds=settings.level_watch_seconds)
+                                 interval_seconds=settings.level_watch_seconds,
+                                 lease=ReplicaLease.for_interval(store, "level-watch", settings.level_watch_seconds))
     if dispatcher is not None:
         dispatcher.on_sent = run_changed
     proposals = None
     if settings.proposals_repository:
-        proposals = Proposer.from_settings(settings, store, github, allowlist, registry=metrics.registry)
+        proposals = Proposer.from_settings(
+            settings, store, github, allowlist, registry=metrics.registry,
+            lease=ReplicaLease.for_interval(store, "proposals", settings.proposals_interval_seconds))
     else:
         log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
     return ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=sweeper, reruns=reruns,

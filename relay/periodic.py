@@ -6,19 +6,56 @@ the proposer and the descriptor reload (``RunsPeriodically``). A pass that raise
 planned, so one bad row never stops the loop. The passes handle bad rows themselves (quarantine, see
 ``relay.store.quarantine``); a pass that still raises means the worker itself is failing, and after
 ``FAILING_AFTER`` such passes in a row :meth:`PeriodicThread.problem` says so (``/readyz`` reports it).
+
+A worker that must run in one process at a time across replicas (the level watch, the proposer) is
+given a :class:`ReplicaLease`: each pass first takes or renews the store's lease on the worker's
+name, and a process that does not hold it skips the pass.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable
 
-__all__ = ["FAILING_AFTER", "PeriodicThread", "RunsPeriodically"]
+__all__ = ["FAILING_AFTER", "PeriodicThread", "ReplicaLease", "RunsPeriodically"]
 
 log = logging.getLogger("relay.periodic")
 
 FAILING_AFTER = 3  # passes failed in a row before the worker counts as failing
+
+
+class ReplicaLease:
+    """ReplicaLease(store, worker, seconds): the lease on ``worker`` that lets one process of all those
+    on ``store`` run its passes. ``seconds`` is how long a taken lease lasts unrenewed: longer than a
+    pass and its interval, so the holder renews it in time; a holder that dies hands over within it."""
+
+    def __init__(self, store, worker: str, seconds: float):
+        self.store = store
+        self.worker = worker
+        self.seconds = seconds
+        self.holder = f"{socket.gethostname()[:120]} pid {os.getpid()} {uuid.uuid4().hex[:12]}"
+        self.held = False
+
+    @classmethod
+    def for_interval(cls, store, worker: str, interval: float) -> "ReplicaLease":
+        """A lease that outlasts two intervals and a slow pass (a minute at least)."""
+        return cls(store, worker, max(2 * interval + 30.0, 60.0))
+
+    def take(self) -> bool:
+        was_held, self.held = self.held, self.store.take_worker_lease(self.worker, self.holder, self.seconds)
+        if self.held != was_held:
+            log.info("%s: %s the lease across replicas", self.worker, "took" if self.held else "lost",
+                     extra={"holder": self.holder})
+        return self.held
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.store.release_worker_lease(self.worker, self.holder)
 
 
 class PeriodicThread:
@@ -26,8 +63,9 @@ class PeriodicThread:
     with ``next_wait``, the seconds to wait after each pass are asked of it instead (0: the next pass at once)."""
 
     def __init__(self, name: str, interval: float, work: Callable[[], object], *, first_after_interval: bool = False,
-                 next_wait: Callable[[], float] | None = None):
+                 next_wait: Callable[[], float] | None = None, lease: ReplicaLease | None = None):
         self.name = name
+        self.lease = lease  # None: every process runs the passes
         self.interval = interval
         self.work = work
         self.first_after_interval = first_after_interval  # False: the first pass runs at start
@@ -47,6 +85,11 @@ class PeriodicThread:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.lease is not None:
+            try:
+                self.lease.release()  # another replica takes over at its next pass, not at the lease's end
+            except Exception:  # noqa: BLE001 - a store that is down lets the lease end by itself
+                log.warning("%s: could not hand back its lease; it ends within %.0f s", self.name, self.lease.seconds)
 
     def wake(self) -> None:
         """Run the next pass now instead of at the end of the interval."""
@@ -74,7 +117,8 @@ class PeriodicThread:
             self._wait()
         while not self._stop.is_set():
             try:
-                self.work()
+                if self.lease is None or self.lease.take():
+                    self.work()
             except Exception as exc:
                 self.failures_in_a_row += 1
                 self.last_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"

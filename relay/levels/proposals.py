@@ -56,7 +56,7 @@ from relay.levels.descriptor_text import (
 )
 from relay.github import CallResult, GitHubCallError, PermanentError, RateLimitedError, RepositoryFile
 from relay.levels.review import CriterionResult, recommend
-from relay.periodic import PeriodicThread, RunsPeriodically
+from relay.periodic import PeriodicThread, ReplicaLease, RunsPeriodically
 from relay.results import fixed_entries
 from relay.results.fixed_entries import FixedEntry
 from relay.results.summary import md_code
@@ -265,7 +265,7 @@ class Proposer(RunsPeriodically):
                  paths: Mapping[str, str] | None = None, demote_after_seconds: float = 3 * 86400.0,
                  dashboard_url: str = "http://127.0.0.1:8000", max_per_pass: int = 20,
                  interval_seconds: float = 3600.0, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], dt.datetime] = utcnow):
+                 clock: Callable[[], dt.datetime] = utcnow, lease: ReplicaLease | None = None):
         self.store = store
         self.github = github
         self.targets = tuple(targets)
@@ -282,10 +282,11 @@ class Proposer(RunsPeriodically):
         self._counter = Counter("relay_proposals", "proposal pass results, by kind and action", ["kind", "action"],
                                 registry=registry if registry is not None else CollectorRegistry())
         self._next = 0  # where the next pass starts, so a bounded pass never starves the later subjects
-        self._periodic = PeriodicThread("relay-proposals", interval_seconds, self.propose_once)
+        self._periodic = PeriodicThread("relay-proposals", interval_seconds, self.propose_once, lease=lease)
 
     @classmethod
-    def from_settings(cls, settings, store, github: ProposalClient, targets, *, registry=None) -> "Proposer":
+    def from_settings(cls, settings, store, github: ProposalClient, targets, *, registry=None,
+                      lease: ReplicaLease | None = None) -> "Proposer":
         from relay.levels.review import criteria_from_settings
 
         return cls(store, github, targets, repository=settings.proposals_repository,
@@ -293,7 +294,7 @@ class Proposer(RunsPeriodically):
                    path_pattern=settings.proposals_descriptor_path, paths=settings.proposals_descriptor_paths,
                    demote_after_seconds=settings.proposals_demote_after_seconds, dashboard_url=settings.dashboard_url,
                    max_per_pass=settings.proposals_max_per_pass, interval_seconds=settings.proposals_interval_seconds,
-                   registry=registry)
+                   registry=registry, lease=lease)
 
     def path_of(self, backend: str) -> str:
         return self.paths.get(backend) or self.path_pattern.replace("{name}", backend)

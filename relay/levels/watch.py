@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from relay.levels.review import recommend
-from relay.periodic import PeriodicThread, RunsPeriodically
+from relay.periodic import PeriodicThread, ReplicaLease, RunsPeriodically
 from relay.store.base import utcnow
 from relay.store.errors import StoreUnavailable
 from relay.store.level_holds import RECOVERED
@@ -45,13 +45,14 @@ class LevelWatch(RunsPeriodically):
     """LevelWatch(store, targets, criteria=, recovery_seconds=, interval_seconds=): see the module."""
 
     def __init__(self, store, targets: Sequence[BackendTarget], *, criteria: Mapping[TrustLevel, LevelCriteria],
-                 recovery_seconds: float, interval_seconds: float = 300.0):
+                 recovery_seconds: float, interval_seconds: float = 300.0, lease: ReplicaLease | None = None):
         self.store = store
         self.targets = tuple(targets)  # replaced by a descriptor reload
         self.criteria = criteria
         self.recovery = dt.timedelta(seconds=recovery_seconds)
         # The first pass one interval after start: restarts (and replicas starting together) add no burst.
-        self._periodic = PeriodicThread("relay-level-watch", interval_seconds, self.watch_once, first_after_interval=True)
+        self._periodic = PeriodicThread("relay-level-watch", interval_seconds, self.watch_once, first_after_interval=True,
+                                        lease=lease)
 
     def watch_once(self, now: dt.datetime | None = None) -> dict[str, str]:
         """One pass; returns {backend: what happened} (``held``, ``still_held``, ``above_bar``,

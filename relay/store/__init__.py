@@ -5,7 +5,8 @@ outbox and its state machine), ``pull_requests`` (labels per PR), ``backends`` (
 synced), ``runs`` (one row per downstream run), ``per_test_results`` (one row per test of a finished
 run), ``result_batches`` (a big report's results while they are written), ``reported_states`` (what reporting last wrote upstream), ``callback_nonces`` (expired nonces),
 ``rerun_requests`` (handled re-run requests), ``oidc_identities`` (repository ids pinned at a
-backend's first OIDC callback), ``level_holds`` (backends found below their level's bar); ``base``
+backend's first OIDC callback), ``level_holds`` (backends found below their level's bar),
+``worker_leases`` (which process runs a one-at-a-time worker across replicas); ``base``
 (declarative base), ``models`` (every table),
 ``database`` (engine, URL, migrations), ``store`` (:class:`Store`: the intake and dispatch operations,
 one transaction each), ``results_operations`` (the results side's operations, mixed into ``Store``),

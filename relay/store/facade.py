@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relay.store import (
     backends, credential_gates, deliveries, dispatches, level_holds, probes, pull_requests, quarantine, runs,
+    worker_leases,
 )
 from relay.store.base import utcnow
 from relay.store.database import READ_ONLY, create_store_engine, normalise_url, run_migrations
@@ -359,3 +360,19 @@ class Store(ResultsOperations):
         """End the active hold, saying who or what ended it; None when there is none."""
         with self._transaction() as session:
             return level_holds.end(session, backend, ended_by, now or utcnow())
+
+    @guarded
+    def take_worker_lease(self, worker: str, holder: str, seconds: float, *, now: dt.datetime | None = None) -> bool:
+        """Take or renew the lease on ``worker`` for ``holder`` (False: another process holds it)."""
+        with self._transaction() as session:
+            return worker_leases.take(session, worker, holder, now or utcnow(), seconds)
+
+    @guarded
+    def release_worker_lease(self, worker: str, holder: str) -> None:
+        with self._transaction() as session:
+            worker_leases.release(session, worker, holder)
+
+    @guarded
+    def worker_leases(self) -> list[worker_leases.LeaseView]:
+        with self._reading() as session:
+            return worker_leases.views(session)

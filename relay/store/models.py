@@ -20,9 +20,10 @@ from relay.store.rerun_requests import RerunRequestRow
 from relay.store.result_batches import ResultBatchRow
 from relay.store.runs import RunRow
 from relay.store.per_test_results import TestResultRow
+from relay.store.worker_leases import WorkerLeaseRow
 
 __all__ = [
     "BackendRow", "Base", "CredentialGateRow", "Delivery", "Dispatch", "ExpiredNonceRow", "LevelHoldRow", "OidcIdentityRow",
     "PullRequest", "QuarantinedRow", "RerunRequestRow", "ReportedStateRow", "ResultBatchRow", "RunRow", "StoreProbe",
-    "TestResultRow",
+    "TestResultRow", "WorkerLeaseRow",
 ]
