@@ -16,7 +16,8 @@ client_payload (9 top-level keys)::
     sender      login of who triggered the event
     head        {"sha", "ref"}   (push: the new commit and the pushed ref)
     base        {"sha", "ref"}   (push: the previous commit and the pushed ref)
-    pull_request {"number", "labels", "changed_label", "html_url", "draft"} | null for push
+    pull_request {"number", "labels", "changed_label", "html_url", "draft"} | null for push; with
+                "labels_omitted" (how many) when labels had to be left out to stay under 64 KB
 """
 
 from __future__ import annotations
@@ -250,11 +251,34 @@ def client_payloads(event: UpstreamEvent, nonces: Sequence[str]) -> list[dict[st
     if bodies:
         longest = max(bodies, key=lambda body: len(body["nonce"]))
         # Strings are cut to 255 characters and labels to 100, which keeps ASCII text far below 64 KB;
-        # JSON escapes other characters (up to 12 bytes each), so the limit is still checked.
-        size = len(json.dumps(longest, separators=(",", ":")).encode())
-        if size >= CLIENT_PAYLOAD_MAX_BYTES:
+        # JSON escapes other characters (up to 12 bytes each), so the size is still measured, and labels
+        # that do not fit are left out (the others are still a PR's labels, not a reason to test nothing).
+        if _size(longest) >= CLIENT_PAYLOAD_MAX_BYTES and longest["pull_request"] is not None:
+            kept, omitted = _labels_that_fit(longest)
+            for body in bodies:
+                body["pull_request"].update(labels=kept, labels_omitted=omitted)
+        if (size := _size(longest)) >= CLIENT_PAYLOAD_MAX_BYTES:
             raise PayloadError(f"client_payload would be {size} bytes, over GitHub's limit of {CLIENT_PAYLOAD_MAX_BYTES}")
     return bodies
+
+
+def _size(body: dict[str, Any]) -> int:
+    return len(json.dumps(body, separators=(",", ":")).encode())  # as sent: ASCII JSON, escapes included
+
+
+def _labels_that_fit(body: dict[str, Any]) -> tuple[list[str], int]:
+    """The PR's labels in their order, each kept while the body stays under the limit (a long escaped
+    label is left out, the short ones after it, like routing labels, still kept), and how many were left out."""
+    labels = body["pull_request"]["labels"]
+    room = CLIENT_PAYLOAD_MAX_BYTES - 1 - _size({**body, "pull_request": {**body["pull_request"], "labels": [],
+                                                                           "labels_omitted": len(labels)}})
+    kept = []
+    for label in labels:
+        cost = len(json.dumps(label).encode()) + (1 if kept else 0)  # and its comma
+        if cost <= room:
+            kept.append(label)
+            room -= cost
+    return kept, len(labels) - len(kept)
 
 
 def _client_payload(event: UpstreamEvent, nonce: str) -> dict[str, Any]:

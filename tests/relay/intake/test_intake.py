@@ -110,13 +110,24 @@ def test_long_display_strings_are_cut_to_stay_under_the_limits(relay):
     assert {d.state for d in relay.store.dispatches()} == {"sent"}
 
 
-def test_labels_too_large_for_github_even_when_cut_are_400_and_nothing_is_stored(relay):
-    # JSON escapes each character outside the BMP as 12 bytes: 100 such labels stay over 64 KB after the cuts.
-    payload = pr_payload(labels=tuple(f"{i:02d}" + "\U0001F680" * 60 for i in range(100)))
-    response = relay.post("pull_request", payload, delivery="emoji-1")
-    assert response.status_code == 400 and response.json()["error"] == "invalid_payload"
-    assert "over GitHub's limit" in response.json()["detail"] and "emoji-1" in response.json()["detail"]
-    assert relay.store.delivery("emoji-1") is None and relay.store.dispatches() == []
+def test_labels_too_large_for_github_even_when_cut_are_left_out_and_the_pr_still_dispatched(relay):
+    # JSON escapes each character outside the BMP as 12 bytes: 99 such labels stay over 64 KB after the cuts.
+    labels = tuple(f"{i:02d}" + "\U0001F680" * 60 for i in range(99)) + ("ciflow/crcr/l4",)
+    payload = pr_payload(labels=labels)
+    assert relay.post("pull_request", payload, delivery="emoji-1").status_code == 202
+    relay.wait_settled()
+    sent = relay.fake.dispatches()
+    assert len(sent) == 4 and {d.state for d in relay.store.dispatches()} == {"sent"}  # the fake checks the limit
+    for item in sent:
+        pr = item["client_payload"]["pull_request"]
+        assert len(json.dumps(item["client_payload"]).encode()) < CLIENT_PAYLOAD_MAX_BYTES
+        kept = pr["labels"]
+        assert kept[-1] == "ciflow/crcr/l4" and kept[:-1] == list(labels[:len(kept) - 1])  # in order, a prefix
+        assert pr["labels_omitted"] == 100 - len(kept) > 0
+    small = pr_payload(labels=("a", "ciflow/crcr/l4"))
+    assert relay.post("pull_request", small, delivery="small-1").status_code == 202
+    relay.wait_settled()
+    assert "labels_omitted" not in relay.fake.dispatches()[-1]["client_payload"]["pull_request"]  # only when needed
 
 
 def test_client_payloads_differ_only_in_their_nonce():
