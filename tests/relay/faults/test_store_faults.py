@@ -99,6 +99,23 @@ def test_a_locked_sqlite_file_gets_a_bounded_503_and_health_says_it_cannot_write
         relay.stop()
 
 
+@pytest.mark.postgres
+def test_a_lock_on_the_intake_tables_makes_health_say_it_cannot_write(postgres_url, fake_github, one_backend, tmp_path):
+    relay = RelayProcess(_env(postgres_url, fake_github, one_backend, RELAY_STORE_DEADLINE_SECONDS="1.5"),
+                         tmp_path / "relay.log").start()
+    try:
+        assert _health(relay).status_code == 200
+        with _write_lock_held(postgres_url):  # LOCK TABLE deliveries IN EXCLUSIVE MODE, in another session
+            answer = _webhook(relay, "behind-a-lock")
+            assert answer.status_code == 503 and answer.json()["error"] == "store_unavailable", answer.text
+            health = _health(relay)  # its probe row is in another table, yet it cannot be written either
+            assert health.status_code == 503 and "cannot be written" in health.json()["detail"], health.text
+        wait_until(lambda: _health(relay).status_code == 200, what="health ok once the lock is gone")
+        assert _webhook(relay, "behind-a-lock").status_code == 202
+    finally:
+        relay.stop()
+
+
 @contextlib.contextmanager
 def _write_lock_held(database_url: str):
     """Another connection holds the deliveries table's write lock, so the writer's next batch piles up."""
