@@ -9,7 +9,8 @@ How it works, in order:
 1. One loop thread claims due rows: the oldest of each backend that is idle (no call in flight) and
    whose credential may send (not rate limited, pacing allows), and no more rows than those credentials
    may send now. A claim is a lease: if this process dies, the row becomes claimable again when the
-   lease runs out, so nothing is lost.
+   lease runs out, so nothing is lost; sooner when a process on the same machine sees the claimer is
+   dead (``claimers``: checked at most every few seconds, before a claim).
 2. Each claimed row is sent on a worker thread; backends never wait for each other, so one slow or
    failing downstream delays only its own lane.
 3. The outcome is written back: ``sent`` (in the same transaction, the run it starts gets its
@@ -34,10 +35,10 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
+from relay.dispatch.claimers import known_dead, own_claimer
 from relay.github import DispatchSender, GitHubCallError, PermanentError, RateLimitedError, RetryableError
 from relay.metrics import Metrics
 from relay.periodic import PeriodicThread
@@ -48,6 +49,8 @@ __all__ = ["CredentialGates", "Dispatcher"]
 
 # Empty claims are at least this far apart: a burst of webhooks wakes the loop once per webhook.
 _EMPTY_CLAIM_GAP_SECONDS = 0.02
+# How often the claims of other processes are looked at for dead claimers (one indexed read).
+_DEAD_CLAIMS_CHECK_SECONDS = 2.0
 
 log = logging.getLogger("relay.dispatch")
 
@@ -119,8 +122,10 @@ class Dispatcher:
         self.credential_pause_seconds = credential_pause_seconds
         self.metrics = metrics or Metrics()
         self.rng = rng or random.Random()
-        # Names this process in claimed_by; unique so a restarted process never mistakes old claims for its own.
-        self.claimer = claimer or f"{uuid.uuid4().hex[:12]}"
+        # Names this process in claimed_by; unique so a restarted process never mistakes old claims for its own,
+        # and checkable, so another process on this machine can tell when this one is dead.
+        self.claimer = claimer or own_claimer()
+        self._dead_claims_checked_at = float("-inf")
         self._periodic = PeriodicThread("relay-dispatcher", poll_seconds, self.claim_and_submit, next_wait=self._next_wait)
         self._lock = threading.Lock()
         self._busy: set[str] = set()  # backends with a call in flight
@@ -217,6 +222,7 @@ class Dispatcher:
             free = self.concurrency - len(self._busy)
         if free <= 0:
             return []
+        self._end_dead_claims()
         excluded, allowed = self._claim_bounds()
         claimed = self.store.claim_dispatches(
             self.claimer, limit=max(4 * free, 64), lease_seconds=self.lease_seconds,
@@ -226,6 +232,18 @@ class Dispatcher:
             self._busy.update(row.backend for row in claimed)
         self.metrics.claims.labels("rows" if claimed else "empty").inc()
         return claimed
+
+    def _end_dead_claims(self) -> None:
+        """End the leases of claimers known dead (a process of this machine killed mid-send), so their
+        rows are claimed now rather than when the lease runs out."""
+        if time.monotonic() - self._dead_claims_checked_at < _DEAD_CLAIMS_CHECK_SECONDS:
+            return
+        self._dead_claims_checked_at = time.monotonic()
+        for claimer in self.store.live_claimers():
+            if claimer != self.claimer and known_dead(claimer):
+                ended = self.store.end_claims(claimer)
+                log.warning("claims of a dead process ended: its rows are due again",
+                            extra={"claimer": claimer, "rows": ended})
 
     # --- one send -------------------------------------------------------------------------------
     def _send(self, row: ClaimedDispatch) -> None:

@@ -6,7 +6,8 @@ outcomes); read by the dispatcher, by ``/metrics`` (queue depth) and by tests. S
     queued --claim--> sending --204--> sent
       ^                  |---retryable / rate limited---> queued (next_attempt_at later)
       |                  |---permanent or out of attempts--> failed
-      +--lease expired---+ (the claiming process died: another claim picks the row up again)
+      +--lease expired---+ (the claiming process died: another claim picks the row up again; a process
+                            on the same machine that knows the claimer dead ends the lease at once)
 
 A claim sets ``claimed_by`` and ``claimed_until``; outcomes are written only by the process still
 holding the claim, so a row is sent again only when its claimer vanished mid-request.
@@ -187,6 +188,19 @@ def claim(
             )
         )
     return claimed
+
+
+def live_claimers(session: Session, now: dt.datetime) -> list[str]:
+    """The claimers of every live claim (``sending``, lease not ended)."""
+    return list(session.scalars(select(Dispatch.claimed_by).where(*_in_flight(now)).distinct()))
+
+
+def end_claims(session: Session, claimer: str, now: dt.datetime) -> int:
+    """End the leases of ``claimer``'s live claims now (its process is known dead): the rows are due
+    at the next claim. Returns how many."""
+    ended = session.execute(update(Dispatch).where(*_in_flight(now), Dispatch.claimed_by == claimer)
+                            .values(claimed_until=now - dt.timedelta(microseconds=1)))
+    return ended.rowcount
 
 
 def _oldest_due_per_backend(

@@ -238,6 +238,18 @@ class Store(ResultsOperations):
             )
 
     @guarded
+    def live_claimers(self) -> list[str]:
+        """Who holds the live claims (``sending`` rows whose lease has not ended)."""
+        with self._reading() as session:
+            return dispatches.live_claimers(session, utcnow())
+
+    @guarded
+    def end_claims(self, claimer: str) -> int:
+        """End ``claimer``'s live claims now (its process is known dead); how many rows are due again."""
+        with self._transaction() as session:
+            return dispatches.end_claims(session, claimer, utcnow())
+
+    @guarded
     def finish_dispatch(
         self, dispatch_id: int, claimer: str, *, state: str, attempted: bool, last_error: str | None = None,
         last_status: int | None = None, retry_in_seconds: float | None = None,

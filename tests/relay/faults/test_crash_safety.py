@@ -10,6 +10,7 @@ import pytest
 
 from relay.store import Store
 from relay.testing import Fault
+from tests.relay.conftest import wait_until
 from tests.relay.helpers import SECRET, RelayProcess, push_payload, write_backend
 
 GITHUB_TOKEN = "ghp_crash_test_token"
@@ -82,6 +83,31 @@ def test_kill_9_with_queued_and_in_flight_dispatches_loses_nothing(database_url,
     text = log.read_text()
     assert GITHUB_TOKEN not in text and SECRET not in text
     store.close()
+
+
+def test_a_process_killed_mid_send_has_its_rows_sent_by_the_next_long_before_their_lease_ends(
+        database_url, fake_github, three_backends, tmp_path):
+    env = _env(database_url, fake_github, three_backends, RELAY_DISPATCH_LEASE_SECONDS="600",
+               RELAY_GITHUB_TIMEOUT_SECONDS="30")
+    fake_github.latency = 20  # every call hangs: the first process dies with a claim on each lane
+    first = RelayProcess(env, tmp_path / "first.log").start()
+    store = Store(database_url)
+    try:
+        assert first.post("push", push_payload(), "mid-send").status_code == 202
+        wait_until(lambda: store.outbox_depth()["sending"] == 3, timeout=20, what="a call in flight per backend")
+        first.kill()
+    finally:
+        first.stop()
+    fake_github.latency = 0
+    second = RelayProcess(env, tmp_path / "second.log").start()
+    started = time.monotonic()
+    try:
+        _wait_all_sent(store, expected=3, timeout=60)  # not after the 600 s lease
+    finally:
+        second.stop()
+        store.close()
+    assert time.monotonic() - started < 60
+    assert "claims of a dead process ended" in (tmp_path / "second.log").read_text()
 
 
 def test_two_processes_on_one_postgresql_never_send_a_row_twice(postgres_url, fake_github, tmp_path):
