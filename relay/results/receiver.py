@@ -36,6 +36,15 @@ __all__ = ["CallbackAccepted", "CallbackBody", "CallbackRejected", "CallbackServ
 log = logging.getLogger("relay.callbacks")
 
 
+BIG_CALLBACK_BYTES = 1 << 20  # a callback this big is a report of thousands of tests
+BIG_CALLBACKS_AT_ONCE = 1
+# Then 503 with Retry-After, well within the callback client's 30 s per request (it sends the callback
+# again, within its 300 s of retries): a wait past its timeout would have it send a copy while the first
+# is still being stored.
+BIG_CALLBACK_WAIT_SECONDS = 10.0
+BIG_CALLBACK_RETRY_AFTER = 5
+
+
 class CallbackRejected(Exception):
     """A refused callback: HTTP status, a short error code, a sentence saying what to fix."""
 
@@ -152,8 +161,25 @@ class CallbackService:
     report_limits: ReportLimits = dataclasses.field(default_factory=ReportLimits)
     on_run_changed: Callable[[int], None] | None = None  # wakes reporting, after the transaction commits
     max_attempts: int = 10  # RELAY_CALLBACK_MAX_ATTEMPTS
+    # Big callbacks are handled one at a time: parsing, validating and storing one is seconds of Python
+    # holding the GIL, and eight at once left a webhook 9-11 s behind them (bench/intake_under_reports.py).
+    big_callbacks: threading.BoundedSemaphore = dataclasses.field(
+        default_factory=lambda: threading.BoundedSemaphore(BIG_CALLBACKS_AT_ONCE))
+    big_callback_wait_seconds: float = BIG_CALLBACK_WAIT_SECONDS
 
     def process(self, caller: Caller, body: bytes) -> CallbackAccepted:
+        if len(body) < BIG_CALLBACK_BYTES:
+            return self._process(caller, body)
+        if not self.big_callbacks.acquire(timeout=self.big_callback_wait_seconds):
+            raise CallbackRejected(
+                503, "busy", f"another callback of over {BIG_CALLBACK_BYTES >> 20} MiB is being stored; send this one "
+                f"again in {BIG_CALLBACK_RETRY_AFTER} s", headers={"Retry-After": str(BIG_CALLBACK_RETRY_AFTER)})
+        try:
+            return self._process(caller, body)
+        finally:
+            self.big_callbacks.release()
+
+    def _process(self, caller: Caller, body: bytes) -> CallbackAccepted:
         try:
             data = load_json(body)
         except JsonRefused as exc:

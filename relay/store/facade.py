@@ -30,6 +30,7 @@ from relay.store.base import utcnow
 from relay.store.database import READ_ONLY, create_store_engine, normalise_url, run_migrations
 from relay.store.errors import StoreRefused, StoreUnavailable, describe, guarded, is_outage, refusal
 from relay.store.group_commit import GroupCommitter, WriterClosed
+from relay.store.write_lock import WriteLock
 from relay.store.results_operations import ResultsOperations
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class Store(ResultsOperations):
         self._read_sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
         # SQLite has one writer at a time and every transaction here takes the write lock (BEGIN
         # IMMEDIATE); queueing the threads of this process on a lock is fair and prompt, where SQLite's
-        # busy handler sleeps and retries (tens of ms per wait under load).
-        self._writer = threading.Lock() if self.dialect == "sqlite" else None
+        # busy handler sleeps and retries (tens of ms per wait under load). Bulk writes go last (write_lock).
+        self._writer = WriteLock(yield_seconds=deadline_seconds / 2) if self.dialect == "sqlite" else None
         self._intake = GroupCommitter(self._write_deliveries)
         # Health checks run here, one at a time: a check stuck on a frozen database is waited for
         # (up to the deadline) by later checks instead of each stranding a thread of its own.
@@ -75,12 +76,13 @@ class Store(ResultsOperations):
         self._probe_pending: concurrent.futures.Future | None = None
 
     @contextmanager
-    def _write_lock(self) -> Iterator[None]:
-        """This process's SQLite write lock, waited for no longer than the deadline (no-op on PostgreSQL)."""
+    def _write_lock(self, *, bulk: bool = False) -> Iterator[None]:
+        """This process's SQLite write lock, waited for no longer than the deadline (no-op on PostgreSQL);
+        ``bulk``: a big report's chunk, which lets every other waiting write go first."""
         if self._writer is None:
             yield
             return
-        if not self._writer.acquire(timeout=self.deadline_seconds):
+        if not self._writer.acquire(self.deadline_seconds, bulk=bulk):
             raise StoreUnavailable(
                 f"store {self.safe_url} unavailable: its write lock was busy for {self.deadline_seconds:g}s "
                 "(RELAY_STORE_DEADLINE_SECONDS)"
@@ -91,8 +93,8 @@ class Store(ResultsOperations):
             self._writer.release()
 
     @contextmanager
-    def _transaction(self) -> Iterator[Session]:
-        with self._write_lock(), self._sessions() as session, session.begin():
+    def _transaction(self, *, bulk: bool = False) -> Iterator[Session]:
+        with self._write_lock(bulk=bulk), self._sessions() as session, session.begin():
             yield session
 
     @contextmanager

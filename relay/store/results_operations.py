@@ -72,7 +72,7 @@ class ResultsOperations:
         """Bind the run, check the transition in :mod:`relay.run_states`'s table, write it (and the tests).
 
         A report of more than ``per_test_results.CHUNK_ROWS`` tests is written in chunks first, each in a
-        transaction of its own (intake's writes go in between), as a result batch the final transition
+        transaction of its own that lets every other waiting write go first (intake's writes go in between), as a result batch the final transition
         commits (see ``result_batches``); a crash in between leaves its chunks invisible, and the sweeper
         deletes them once the run is final. A refused transition, a value the database refuses or an
         outage discards the batch it wrote (where the store still answers).
@@ -83,7 +83,7 @@ class ResultsOperations:
         batch = self._open_result_batch(update)
         try:
             for start in range(0, len(tests), per_test_results.CHUNK_ROWS):
-                with self._transaction() as session:
+                with self._transaction(bulk=True) as session:  # behind intake and every other write
                     run = session.get(runs.RunRow, batch.run_pk)
                     result_batches.write_chunk(session, batch.id, run, tests[start:start + per_test_results.CHUNK_ROWS],
                                                batch.opened_at)

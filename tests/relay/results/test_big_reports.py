@@ -6,6 +6,7 @@ the dead chunks."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -15,6 +16,7 @@ from sqlalchemy import text
 
 from relay.store import Store, result_batches
 from relay.store.database import READ_ONLY
+from relay.results.receiver import BIG_CALLBACK_BYTES
 from relay.results.sweeper import Sweeper
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import SECRET, RelayProcess, pr_payload, push_payload
@@ -57,10 +59,10 @@ def test_a_webhook_is_committed_while_a_maximal_report_is_stored(results_relay, 
         return write_chunk(*args, **kwargs)
 
     @contextlib.contextmanager
-    def paced_transaction():
+    def paced_transaction(**kwargs):
         if getattr(wrote, "chunks", 0):
             webhook_in.wait(120)
-        with transaction() as session:
+        with transaction(**kwargs) as session:
             yield session
 
     result_batches.write_chunk, relay.store._transaction = counted_chunk, paced_transaction
@@ -166,3 +168,28 @@ def test_a_big_report_for_a_finished_run_is_refused_before_any_chunk_is_written(
     with relay.store.engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM test_results")).scalar_one() == 2
         assert connection.execute(text("SELECT count(*) FROM result_batches")).scalar_one() == 0
+
+
+def test_big_callbacks_are_stored_one_at_a_time_and_one_that_waits_too_long_is_told_to_come_back(
+        results_relay, sqlite_url):  # noqa: F811
+    relay, drive = results_relay(sqlite_url)
+    service = relay.parts.callbacks
+    service.big_callback_wait_seconds = 0.3
+    nonce = drive.nonce("l2", drive.open_pr(61))
+    assert drive.start("l2", nonce).status_code == 200
+    big = _many_tests(9000)
+    assert len(json.dumps(big)) > BIG_CALLBACK_BYTES
+    assert service.big_callbacks.acquire(timeout=1)  # another big callback is being stored
+    try:
+        busy = drive.complete("l2", nonce, report_body=big)
+        assert busy.status_code == 503 and busy.json()["error"] == "busy", busy.text
+        assert busy.headers["Retry-After"] == "5" and "send this one again in 5 s" in busy.json()["detail"]
+        small = drive.nonce("l2", drive.open_pr(62))
+        assert drive.start("l2", small).status_code == 200  # small callbacks never wait for it
+        assert drive.complete("l2", small, "success").status_code == 200
+    finally:
+        service.big_callbacks.release()
+    done = drive.complete("l2", nonce, report_body=big)  # sent again, as the client does
+    assert done.status_code == 200, done.text
+    (run,) = relay.store.runs(backend="l2", pr_number=61)
+    assert run.state == "completed" and len(relay.store.test_results([run.id])) == 9000
