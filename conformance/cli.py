@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections import Counter
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from conformance.descriptors import CAPABILITIES, DescriptorError

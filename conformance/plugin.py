@@ -35,7 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--backend", default="auto",
                     help="backend descriptor to test: auto (detect, the default) or a descriptor name")
     group.addoption("--world-size", type=_parse_world_size, default=None,
-                    help="ranks per pool and most ranks a test may use (default: the descriptor's)")
+                    help="ranks of the run's pool, where every test without @world_size runs "
+                         "(default: the descriptor's)")
     group.addoption("--max-ranks", type=_parse_max_ranks, default=None, metavar="N|all",
                     help="most ranks a @world_size test may get, in a pool of its own: a number, or all (any on "
                          "cpu, the device count on an accelerator); default: the world size, one pool")
