@@ -1,11 +1,15 @@
 """The level watch and the proposals pass run in one relay process at a time across the replicas on one
 store (a lease row per worker): two ``relay serve`` processes on one PostgreSQL record one hold and open
-one pull request per backend, and log no failed proposal. Below that, the lease itself on both stores."""
+one pull request per backend, and log no failed proposal. Below that, the lease itself on both stores.
+
+``RELAY_REPLICA_SECONDS`` sets how long both relays run their passes once the demotion is proposed
+(default 3, some 15 passes of each worker in each; the long run uses 60)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import threading
 import time
 
@@ -91,7 +95,7 @@ def test_two_relays_hold_a_backend_once_and_propose_its_demotion_once(postgres_u
     relays = [RelayProcess(env, tmp_path / f"relay-{i}.log").start() for i in range(2)]
     try:
         wait_until(lambda: fake_github.pull_requests(DESCRIPTORS), timeout=60, what="the demotion proposed")
-        time.sleep(3)  # some 15 more passes of each worker in each process
+        time.sleep(float(os.environ.get("RELAY_REPLICA_SECONDS", "3")))  # passes every 0.2 s in each process
         stopping = utcnow()  # from here the first to stop hands its leases to the other
     finally:
         for relay in relays:
