@@ -99,6 +99,10 @@ def _tune_postgresql(engine: Engine, deadline_seconds: float) -> None:
         dbapi_connection.commit()
 
 
+WAL_CHECKPOINT_PAGES = 64  # 256 KB of log between checkpoints
+JOURNAL_SIZE_LIMIT = 1 << 20
+
+
 def _tune_sqlite(engine: Engine, deadline_seconds: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):
@@ -109,9 +113,12 @@ def _tune_sqlite(engine: Engine, deadline_seconds: float) -> None:
         cursor.execute("PRAGMA synchronous=FULL")  # see the module docstring: durable across power loss
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={max(1, int(deadline_seconds * 1000))}")
-        # After a checkpoint the WAL is cut back to this size instead of keeping its largest size for
-        # good: a disk that filled up once gets its space back.
-        cursor.execute("PRAGMA journal_size_limit=67108864")
+        # The log is checkpointed into the database every WAL_CHECKPOINT_PAGES (SQLite's default is 1000,
+        # 4 MB): a log that may grow to 4 MB fills a volume with less free, and a checkpoint needs room
+        # to grow the database, so once the log has taken the last of it nothing recovers. After a
+        # checkpoint the log is cut back to JOURNAL_SIZE_LIMIT instead of keeping its largest size.
+        cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+        cursor.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -139,6 +146,9 @@ def run_migrations(engine: Engine) -> None:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
             connection.commit()
+            if engine.dialect.name == "sqlite":  # the schema into the database file, not left in the log
+                # On the driver's connection: outside any transaction (SQLAlchemy's would begin one).
+                connection.connection.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             if lock:
                 with contextlib.suppress(Exception):
