@@ -52,12 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="fail the run when a known failure passes (default: report it as an unexpected pass)")
 
 
-def _parse_world_size(value: str) -> int:
+def _positive_int(value: str) -> int | None:
     try:
         number = int(value)
     except ValueError:
-        number = 0
-    if number < 1:
+        return None
+    return number if number >= 1 else None
+
+
+def _parse_world_size(value: str) -> int:
+    if (number := _positive_int(value)) is None:
         raise pytest.UsageError(f"--world-size: expected a positive integer, got {value!r}")
     return number
 
@@ -65,11 +69,7 @@ def _parse_world_size(value: str) -> int:
 def _parse_max_ranks(value: str) -> int | str:
     if value == "all":
         return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
+    if (number := _positive_int(value)) is None:
         raise pytest.UsageError(f"--max-ranks: expected a positive integer or all, got {value!r}")
     return number
 
