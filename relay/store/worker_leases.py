@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 
 from sqlalchemy import DateTime, String, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
@@ -43,12 +44,9 @@ def take(session: Session, worker: str, holder: str, now: dt.datetime, seconds: 
     holder's lease runs. One conditional UPDATE: on PostgreSQL a concurrent taker waits for the row and
     then finds it held; SQLite's BEGIN IMMEDIATE serialises the takers."""
     until = now + dt.timedelta(seconds=seconds)
-    values = {"worker": worker, "holder": holder, "expires_at": _ENDED}
-    if session.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    session.execute(dialect_insert(WorkerLeaseRow).values(**values).on_conflict_do_nothing())
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    session.execute(dialect.insert(WorkerLeaseRow).values(worker=worker, holder=holder, expires_at=_ENDED)
+                    .on_conflict_do_nothing())
     taken = session.execute(
         update(WorkerLeaseRow)
         .where(WorkerLeaseRow.worker == worker,
