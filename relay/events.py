@@ -253,11 +253,13 @@ def client_payloads(event: UpstreamEvent, nonces: Sequence[str]) -> list[dict[st
         # Strings are cut to 255 characters and labels to 100, which keeps ASCII text far below 64 KB;
         # JSON escapes other characters (up to 12 bytes each), so the size is still measured, and labels
         # that do not fit are left out (the others are still a PR's labels, not a reason to test nothing).
-        if _size(longest) >= CLIENT_PAYLOAD_MAX_BYTES and longest["pull_request"] is not None:
+        size = _size(longest)
+        if size >= CLIENT_PAYLOAD_MAX_BYTES and longest["pull_request"] is not None:
             kept, omitted = _labels_that_fit(longest)
             for body in bodies:
                 body["pull_request"].update(labels=kept, labels_omitted=omitted)
-        if (size := _size(longest)) >= CLIENT_PAYLOAD_MAX_BYTES:
+            size = _size(longest)
+        if size >= CLIENT_PAYLOAD_MAX_BYTES:
             raise PayloadError(f"client_payload would be {size} bytes, over GitHub's limit of {CLIENT_PAYLOAD_MAX_BYTES}")
     return bodies
 
