@@ -139,3 +139,78 @@ def mesh_slices_on_rank(ctx, grouper: str = "dtensor"):
         dist.all_reduce(t, group=group_of(sub))
         out[name] = {"size": sub.size(), "sum": t.item(), "ranks": sub.mesh.flatten().tolist()}
     return out
+
+
+def _to_local(dtensor):
+    return dtensor.to_local()
+
+
+def _from_local(local, mesh, placements):
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, mesh, placements)
+
+
+def _first_piece(dtensor, how: str):
+    """The first of the pieces ``how`` makes of ``dtensor``'s rows: ``split`` (blocks of 2) or ``unbind``."""
+    import torch
+
+    return torch.split(dtensor, 2, dim=0)[0] if how == "split" else dtensor.unbind(0)[0]
+
+
+LOCAL_GRADIENT_CASES = ("mixed_paths", "unused_dtensor_path", "allow_unused", "unused_split_output",
+                        "unused_unbind_output")
+
+
+def local_gradients_on_rank(ctx, case: str, to_local: str = "dtensor", from_local: str = "dtensor",
+                            splitter: str = "dtensor"):
+    """Gradients across ``from_local``/``to_local`` where DTensors meet plain tensors or a gradient is None:
+    ``{"grads": [each gradient asked for: a CPU tensor (a DTensor's in full) or None]}`` or ``{"error": ...}``.
+
+    ``mixed_paths``: a plain leaf x (this rank's 2 x 3) reaches the loss directly (x * 3) and through
+    ``from_local(x, [Shard(0)]) * 2 -> to_local``: x.grad is 5 everywhere. ``unused_dtensor_path``: the
+    DTensor made from x never reaches the loss: x.grad is 3. ``allow_unused``: ``autograd.grad`` of
+    ``to_local(a * 2).sum()`` for DTensor leaves a and b: a's gradient is 2, b's None. ``unused_split_output``
+    / ``unused_unbind_output``: a DTensor (Shard(1)) split into row blocks (or unbound into rows), only the
+    first reaching the loss: the others' None gradients count as zeros, so the input's gradient is 1 on the
+    first rows and 0 elsewhere."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    to_local_fn = resolve_injected(to_local, _to_local, "to_local")
+    from_local_fn = resolve_injected(from_local, _from_local, "from_local")
+    first_piece = resolve_injected(splitter, _first_piece, "splitter")
+    mesh = device_mesh(ctx, (ctx.world_size,))
+    try:
+        if case in ("mixed_paths", "unused_dtensor_path"):
+            x = torch.ones(2, 3, device=ctx.device, requires_grad=True)
+            through = from_local_fn(x, mesh, [Shard(0)] if case == "mixed_paths" else [Replicate()]) * 2
+            loss = (x * 3).sum() + (to_local_fn(through).sum() if case == "mixed_paths" else 0)
+            loss.backward()
+            return {"grads": [None if x.grad is None else x.grad.cpu()]}
+        full = full_input(4, 2 * ctx.world_size).to(ctx.device)
+        if case == "allow_unused":
+            a, b = (distribute_tensor(full, mesh, [Shard(0)]).requires_grad_() for _ in range(2))
+            grads = torch.autograd.grad(to_local_fn(a * 2).sum(), [a, b], allow_unused=True)
+            return {"grads": [None if g is None else g.full_tensor().cpu() for g in grads]}
+        c = distribute_tensor(full, mesh, [Shard(1)]).requires_grad_()
+        first = first_piece(c, "split" if case == "unused_split_output" else "unbind")
+        to_local_fn(first).sum().backward()
+        return {"grads": [None if c.grad is None else c.grad.full_tensor().cpu()]}
+    except Exception as exc:  # noqa: BLE001 - the error is the record
+        return error_record(exc)
+
+
+def local_gradients_expected(case: str, world: int) -> list:
+    """What eager autograd gives for ``case`` (see ``local_gradients_on_rank``)."""
+    import torch
+
+    if case == "mixed_paths":
+        return [torch.full((2, 3), 5.0)]
+    if case == "unused_dtensor_path":
+        return [torch.full((2, 3), 3.0)]
+    if case == "allow_unused":
+        return [torch.full((4, 2 * world), 2.0, dtype=torch.float64), None]
+    want = torch.zeros(4, 2 * world, dtype=torch.float64)
+    want[: 2 if case == "unused_split_output" else 1] = 1.0
+    return [want]

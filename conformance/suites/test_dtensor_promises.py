@@ -1,9 +1,11 @@
 """DTensor promises upstream's own tests check, beyond the ``dtensor`` suite's matrix: gradients through
 ``redistribute`` (and their placement), ops on ``Partial`` placements (add, sub, scalar mul, neg) reduced
 afterwards, a ``_StridedShard`` round trip, uneven sharding on a 2 x 2 mesh (4 ranks), and device-mesh
-slicing and flattening (each sub-mesh's group reduces over exactly its ranks).
+slicing and flattening (each sub-mesh's group reduces over exactly its ranks), and gradients across
+``from_local``/``to_local`` where DTensors meet plain tensors or a gradient is None.
 
-Each check takes ``redistributor`` (or ``grouper``), as the ``dtensor`` suite's do.
+Each check takes ``redistributor`` (or ``grouper``, or ``to_local``/``from_local``/``splitter``), as the
+``dtensor`` suite's do.
 """
 
 from __future__ import annotations
@@ -138,3 +140,31 @@ def check_mesh_slices(ranks, grouper="dtensor"):
 
 def test_mesh_slicing_and_flattening(ranks):
     check_mesh_slices(ranks)
+
+
+_LOCAL_GRADIENT_NAMES = {"mixed_paths": ["x.grad"], "unused_dtensor_path": ["x.grad"], "allow_unused": ["a's", "b's"],
+                         "unused_split_output": ["the input's"], "unused_unbind_output": ["the input's"]}
+
+
+def check_local_gradients(ranks, case, to_local="dtensor", from_local="dtensor", splitter="dtensor"):
+    results = ranks.run(bodies.local_gradients_on_rank, case, to_local=to_local, from_local=from_local,
+                        splitter=splitter)
+    wants = bodies.local_gradients_expected(case, ranks.world_size)
+    problems = []
+    for rank, record in enumerate(results):
+        if "error" in record:
+            problems.append(f"rank {rank}: backward raised {record['error']}")
+            continue
+        for name, got, want in zip(_LOCAL_GRADIENT_NAMES[case], record["grads"], wants):
+            if want is None and got is not None:
+                problems.append(f"rank {rank}: {name} gradient should be None (allow_unused), got {got!r}")
+            elif want is not None and got is None:
+                problems.append(f"rank {rank}: {name} gradient is None after backward")
+            elif want is not None and (problem := _same(got, want)) is not None:
+                problems.append(f"rank {rank}: {name} gradient: {problem}")
+    raise_problems(problems, f"DTensor gradients across from_local/to_local ({case}) over {ranks.backend}")
+
+
+@pytest.mark.parametrize("case", bodies.LOCAL_GRADIENT_CASES)
+def test_gradients_across_from_local_and_to_local(ranks, case):
+    check_local_gradients(ranks, case)
