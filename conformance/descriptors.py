@@ -255,6 +255,12 @@ class Semantics(_Strict):
         description="a collective whose peer never comes: raises on the host when the group's timeout "
                     "passes (gloo), or its watchdog tears the rank process down (NCCL)",
     )
+    ending_fails_pending_work: bool = Field(
+        default=False,
+        description="ending a group (abort, shutdown, destroy_process_group) with work pending completes that "
+                    "work with an error (NCCL: the communicator is aborted); false: the work is left to its own "
+                    "timeout (gloo)",
+    )
     sources: dict[str, str] = Field(
         default_factory=dict,
         description="for each semantic set here: the source line that says so (a link)",
@@ -262,10 +268,11 @@ class Semantics(_Strict):
 
     @model_validator(mode="after")
     def _sources_name_semantics(self) -> "Semantics":
-        unknown = sorted(set(self.sources) - (set(type(self).model_fields) - {"sources"}))
+        semantics = [name for name in type(self).model_fields if name != "sources"]
+        unknown = sorted(set(self.sources) - set(semantics))
         if unknown:
             raise ValueError(f"sources: {', '.join(map(repr, unknown))} is not a semantic; "
-                             "allowed: wait_blocks_host, p2p_tags, collective_timeout")
+                             f"allowed: {', '.join(semantics)}")
         return self
 
 

@@ -10,10 +10,11 @@ tensor is created on ``ctx.device``; results come back to the controller on CPU.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from conformance.suites._collective_data import PREMUL_FACTOR, packed, payload, reduce_input, unwritten, unwritten_like
-from conformance.suites._collective_impls import resolve_dist
+from conformance.suites._collective_impls import resolve_dist, resolve_stand_in
 
 
 def reduce_op(dist, op: str):
@@ -462,6 +463,66 @@ def missing_rank_on_rank(ctx, how: str, seconds: float, impl: str = "torch"):
     fresh = _timed_group(dist, 60)
     record["fresh"] = torch.full((3,), rank + 1, device=ctx.device)
     dist.all_reduce(record["fresh"], group=fresh)
+    return record
+
+
+def _end_group(dist, group, how: str) -> None:
+    """End ``group`` the way ``how`` names: ``abort`` / ``shutdown`` (the group's own methods) or
+    ``destroy`` (``destroy_process_group``)."""
+    if how == "destroy":
+        dist.destroy_process_group(group)
+    else:
+        getattr(group, how)()
+
+
+# A group ended with work pending, and that work, stay referenced for the rank's life: their destructors
+# may wait for the work (up to the group's own timeout) and must not do so inside a later call.
+_ENDED_WITH_WORK_PENDING: list = []
+
+
+def pending_work_on_rank(ctx, how: str, wait_seconds: float | None, group_seconds: float, impl: str = "torch",
+                         ender: str = "torch"):
+    """Every rank but the last starts an all_reduce on a group (``group_seconds`` timeout) that the last never
+    joins; with ``wait_seconds``, waits for it with that timeout; then ends the group (``how``: abort,
+    shutdown, destroy) with the work still pending. Then all ranks all_reduce on a fresh group, and the last
+    destroys its side of the first. ``{"wait": "returned" | error, "wait_seconds", "end": None | error,
+    "end_seconds", "completed_after_end", "fresh": tensor}`` (the last rank: ``{"fresh": tensor}``)."""
+    import torch
+
+    dist = resolve_dist(impl)
+    end = resolve_stand_in(ender, _end_group)
+    world, rank = ctx.world_size, ctx.rank
+    group = _timed_group(dist, group_seconds)
+    dist.all_reduce(torch.ones(1, device=ctx.device), group=group)  # connected before the work that stays pending
+    record: dict[str, Any] = {}
+    if rank != world - 1:
+        work = dist.all_reduce(torch.ones(3, device=ctx.device), group=group, async_op=True)
+        _ENDED_WITH_WORK_PENDING.append((group, work))
+        if wait_seconds is not None:
+            started = time.monotonic()
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=wait_seconds))
+                record["wait"] = "returned"
+            except RuntimeError as exc:  # DistBackendError is one
+                record["wait"] = _error(exc)
+            record["wait_seconds"] = time.monotonic() - started
+        started = time.monotonic()
+        try:
+            end(dist, group, how)
+            record["end"] = None
+        except RuntimeError as exc:
+            record["end"] = _error(exc)
+        record["end_seconds"] = time.monotonic() - started
+        time.sleep(0.2)  # a backend that fails the pending work does so from its own thread
+        record["completed_after_end"] = work.is_completed()
+    fresh = _timed_group(dist, 60)
+    record["fresh"] = torch.full((3,), rank + 1, device=ctx.device)
+    dist.all_reduce(record["fresh"], group=fresh)
+    if rank == world - 1:
+        _ENDED_WITH_WORK_PENDING.append((group, None))
+        dist.destroy_process_group(group)
+    elif how != "destroy":
+        dist.destroy_process_group(group)
     return record
 
 

@@ -100,6 +100,11 @@ def resolve(name: str) -> CollectiveSet:
     return value
 
 
+def resolve_stand_in(name: str, default):
+    """``default`` for ``"torch"``, else the function at ``"package.module:ATTRIBUTE"`` (a broken stand-in)."""
+    return default if name == "torch" else _imported(name)
+
+
 def resolve_dist(name: str):
     """resolve_dist(name) -> the distributed API: ``torch.distributed`` for ``"torch"``, else the object
     at ``"package.module:ATTRIBUTE"`` (it offers the same functions, some of them broken)."""

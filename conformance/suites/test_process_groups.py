@@ -1,6 +1,8 @@
 """Process groups: new_group, new_subgroups and split_group with collectives on the subgroup only;
 a rank that skips or raises before a collective (the others get an error within the group's
-timeout, and a fresh group works afterwards); monitored_barrier naming the rank that did not arrive.
+timeout, and a fresh group works afterwards); monitored_barrier naming the rank that did not arrive;
+work left pending when a rank never joins: ``Work.wait(timeout)`` raises by its timeout, and the group
+ends (abort, shutdown, destroy_process_group) at once with that work pending.
 
 Every check takes ``impl`` (see ``test_collectives``).
 """
@@ -18,6 +20,10 @@ pytestmark = requires("collectives")
 
 GROUP_TIMEOUT = 3.0  # seconds: the short timeout of the group a rank leaves in the lurch
 CALL_LIMIT = 90.0  # a bound on the whole call, far above GROUP_TIMEOUT: hanging past it is the failure
+WAIT_TIMEOUT = 2.0  # seconds: Work.wait(timeout=...) on work a rank never joins
+WAIT_LIMIT = 10.0  # wait() must have raised by then: its timeout plus room for a loaded machine
+PENDING_GROUP_TIMEOUT = 60.0  # the group's own timeout, far above the call: the work ends by wait's or by the ending
+END_LIMIT = 10.0  # abort / shutdown / destroy_process_group with work pending must return by then
 
 
 def check_subgroup(ranks, kind, impl="torch"):
@@ -94,3 +100,50 @@ def check_missing_rank_torn_down(ranks, how, impl="torch"):
 @pytest.mark.parametrize("how", ["skip", "raise", "monitored_barrier"])
 def test_missing_rank(ranks, how):
     check_missing_rank(ranks, how)
+
+
+ENDINGS = {"abort": "group.abort()", "shutdown": "group.shutdown()", "destroy": "destroy_process_group(group)"}
+
+
+def pending_work_problems(records: list[dict], how: str, semantics, end_limit: float = END_LIMIT) -> list[str]:
+    """What is wrong in ``pending_work_on_rank``'s records (the last rank's holds only ``fresh``)."""
+    import torch
+
+    world, ending, absent = len(records), ENDINGS[how], len(records) - 1
+    problems = []
+    for rank, record in enumerate(records[:-1]):
+        wait = record.get("wait")
+        if wait == "returned":
+            problems.append(f"rank {rank}: work.wait(timeout={WAIT_TIMEOUT:g} s) returned although rank {absent} "
+                            "never joined the all_reduce")
+        elif wait is not None and record["wait_seconds"] > WAIT_LIMIT:
+            problems.append(f"rank {rank}: work.wait(timeout={WAIT_TIMEOUT:g} s) raised only after "
+                            f"{record['wait_seconds']:.1f} s")
+        if record["end"] is not None:
+            problems.append(f"rank {rank}: {ending} with an all_reduce pending raised {record['end']}")
+        elif record["end_seconds"] > end_limit:
+            problems.append(f"rank {rank}: {ending} with an all_reduce pending took {record['end_seconds']:.1f} s "
+                            f"(bound {end_limit:g} s)")
+        if semantics.ending_fails_pending_work and not record["completed_after_end"]:
+            problems.append(f"rank {rank}: the pending all_reduce is not completed after {ending}, although the "
+                            "descriptor declares semantics.ending_fails_pending_work")
+    want = torch.full((3,), float(sum(range(1, world + 1))))
+    problems += [f"rank {rank}: all_reduce on a fresh group afterwards: {problem}" for rank, record in enumerate(records)
+                 if (problem := data.same_bits(record["fresh"].float(), want))]
+    return problems
+
+
+def check_pending_work(ranks, how, impl="torch", ender="torch", end_limit=END_LIMIT):
+    """Where a timed-out collective tears the rank down (``semantics.collective_timeout: aborts_process``),
+    ``wait(timeout)`` is not tried: only the ending with work pending is checked there."""
+    semantics = ranks.descriptor.semantics
+    wait = None if semantics.collective_timeout == "aborts_process" else WAIT_TIMEOUT
+    records = ranks.run_with_timeout(CALL_LIMIT, bodies.pending_work_on_rank, how, wait, PENDING_GROUP_TIMEOUT,
+                                     impl=impl, ender=ender)
+    raise_problems(pending_work_problems(records, how, semantics, end_limit),
+                   f"{ENDINGS[how]} with work pending that rank {ranks.world_size - 1} never joins over {ranks.backend}")
+
+
+@pytest.mark.parametrize("how", list(ENDINGS))
+def test_pending_work(ranks, how):
+    check_pending_work(ranks, how)

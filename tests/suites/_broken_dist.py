@@ -155,6 +155,43 @@ def _all_reduce_ignoring_group(tensor, op=None, group=None, async_op=False):
     return dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM, async_op=async_op)
 
 
+class _TimeoutSwallowed:
+    """A work handle whose wait(timeout) returns as if done when the timeout passes."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self, timeout=None):
+        try:
+            return self._work.wait(timeout=timeout) if timeout is not None else self._work.wait()
+        except RuntimeError:
+            return True
+
+    def is_completed(self):
+        return self._work.is_completed()
+
+
+def _all_reduce_wait_swallows_timeout(tensor, op=None, group=None, async_op=False):
+    dist = _dist()
+    work = dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM, group=group, async_op=async_op)
+    return _TimeoutSwallowed(work) if async_op else work
+
+
+def end_group_slowly(dist, group, how):
+    """Ends the group right, but only after 1.5 s (the catches test bounds the ending at 1 s)."""
+    import time
+
+    from conformance.suites._collective_bodies import _end_group
+
+    time.sleep(1.5)
+    _end_group(dist, group, how)
+
+
+def end_group_refusing_pending_work(dist, group, how):
+    """Refuses to end a group that has work pending."""
+    raise RuntimeError("cannot end a process group while it has pending work")
+
+
 ALL_GATHER_WRONG_ORDER = BrokenDist(all_gather=_all_gather_rotated)
 GATHER_DROPS_LAST_RANK = BrokenDist(gather=_gather_dropping_last)
 REDUCE_WRONG_ROOT = BrokenDist(reduce=_reduce_to_next)
@@ -169,3 +206,4 @@ RECV_LAST_ELEMENT_LOST = BrokenDist(recv=_recv_last_element_lost)
 MONITORED_BARRIER_ANONYMOUS = BrokenDist(monitored_barrier=_monitored_barrier_anonymous)
 MONITORED_BARRIER_REFUSED = BrokenDist(monitored_barrier=_monitored_barrier_refused)
 ALL_REDUCE_IGNORES_GROUP = BrokenDist(all_reduce=_all_reduce_ignoring_group)
+WAIT_SWALLOWS_TIMEOUT = BrokenDist(all_reduce=_all_reduce_wait_swallows_timeout)

@@ -69,3 +69,18 @@ def test_cpu_ranks_under_nccl_semantics_skip_tag_matching_and_expect_a_teardown(
         "cpu declares semantics.collective_timeout: aborts_process, but the ranks left waiting were not torn down: "
         "they raised on the host: rank 0: ") in missing.message, missing.message
     assert done.returncode == 1
+
+
+def test_pending_work_must_be_failed_by_the_ending_only_where_the_descriptor_says_so():
+    from conformance.suites.test_process_groups import pending_work_problems
+
+    fresh = torch.full((3,), 3.0)
+    left = {"wait": "RuntimeError: Operation timed out!", "wait_seconds": 2.0, "end": None, "end_seconds": 0.01,
+            "completed_after_end": False, "fresh": fresh}
+    records = [left, {"fresh": fresh}]
+    assert pending_work_problems(records, "abort", Semantics()) == []  # gloo: the work is left to its timeout
+    assert pending_work_problems(records, "abort", Semantics(ending_fails_pending_work=True)) == [
+        "rank 0: the pending all_reduce is not completed after group.abort(), although the descriptor declares "
+        "semantics.ending_fails_pending_work"]
+    assert pending_work_problems([{**left, "completed_after_end": True}, {"fresh": fresh}], "abort",
+                                 Semantics(ending_fails_pending_work=True)) == []

@@ -121,3 +121,21 @@ def test_an_unknown_implementation_is_a_clear_error(ranks):
 
     with pytest.raises(RankError, match=r"expected 'torch' or 'package.module:ATTRIBUTE'"):
         collectives.check_all_reduce(ranks, "SUM", "float32", impl="no-such-thing")
+
+
+def test_a_wait_that_returns_when_its_timeout_passes(ranks):
+    _caught(groups.check_pending_work, ranks, "abort", broken="WAIT_SWALLOWS_TIMEOUT",
+            match=r"group.abort\(\) with work pending that rank 1 never joins over gloo is wrong:\n  rank 0: "
+                  r"work.wait\(timeout=2 s\) returned although rank 1 never joined the all_reduce")
+
+
+def test_an_ending_that_refuses_or_outlasts_pending_work(ranks):
+    groups.check_pending_work(ranks, "shutdown", end_limit=1.0)
+    with pytest.raises(ConformanceFailure, match=r"group.shutdown\(\) with work pending that rank 1 never joins over "
+                                                 r"gloo is wrong:\n  rank 0: group.shutdown\(\) with an all_reduce "
+                                                 r"pending raised RuntimeError: cannot end a process group while it "
+                                                 r"has pending work"):
+        groups.check_pending_work(ranks, "shutdown", ender=BROKEN + "end_group_refusing_pending_work")
+    with pytest.raises(ConformanceFailure, match=r"rank 0: destroy_process_group\(group\) with an all_reduce pending "
+                                                 r"took 1\.\d s \(bound 1 s\)"):
+        groups.check_pending_work(ranks, "destroy", ender=BROKEN + "end_group_slowly", end_limit=1.0)
