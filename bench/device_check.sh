@@ -12,7 +12,7 @@
 #
 # Items, in order: torchrun-exit-code, shared-dir-two-nodes (both on CPU ranks: launcher behaviour, not the
 # device's), controllers-touch-no-device, symmetric-memory-probe, world-size-devices, wait-is-stream-ordered,
-# async-work, complex-gather-reduce-scatter, nonfinite-min-max, p2p-tags, p2p-non-contiguous,
+# async-work, init-modes, complex-gather-reduce-scatter, nonfinite-min-max, p2p-tags, p2p-non-contiguous,
 # missing-rank-teardown, monitored-barrier, pending-work-ending, dtensor-recovery, precompile-device-index, symm-error-cases,
 # group-reset-seconds. Then "device_check: done <passed> passed, <failed> failed, <skipped> skipped".
 #
@@ -175,6 +175,7 @@ PYEOF
 one=1
 two=$([ "$count" -ge 2 ] && echo "$count" || echo 2)
 suite_item async-work 1 "$one" collectives "test_async"
+suite_item init-modes 1 "$one" init_modes "test_eager_init or test_nonblocking_init"
 suite_item complex-gather-reduce-scatter 1 "$one" collectives "(test_gather or test_reduce_scatter) and complex"
 suite_item nonfinite-min-max 2 "$two" collectives "test_all_reduce_nonfinite"
 suite_item p2p-tags 2 "$two" p2p "test_isend_irecv_tags"
