@@ -55,9 +55,11 @@ def test_oidc_run_in_progress_then_completed_and_the_token_is_masked(sqlite_url,
     assert len(relay.store.test_results([run.id])) == 2
     assert oidc_issuer.token_requests == [AUDIENCE, AUDIENCE]  # a fresh token per callback
     masks = [line.removeprefix("::add-mask::") for line in out.splitlines() if line.startswith("::add-mask::")]
-    assert len(masks) == 2
-    for token in masks:
-        assert out.count(token) == 1, "the token shows only in its own mask command"
+    request_token = env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"]
+    assert masks[0::2] == [request_token, request_token], "the request token is masked before it is used"
+    assert len(masks) == 4 and len(set(masks[1::2])) == 2, "each callback masks its own OIDC token"
+    for secret in set(masks):
+        assert out.count(secret) == masks.count(secret), "a secret shows only in its own mask commands"
 
 
 def test_truncated_report_is_a_failure_with_the_reason(sqlite_url, results_relay, tmp_path, capsys):  # noqa: F811
