@@ -50,13 +50,17 @@ def conclusion_for(suite_outcome: str, job_status: str, *, started_at: float | N
 
 
 def read_report(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(report, None) for a valid report; (None, why) when there is none or it cannot be sent."""
-    from conformance.report import ReportValidationError, validate_report
+    """(report, None) for a valid report; (None, why) when there is none or it cannot be sent.
 
+    The schema (pydantic, jsonschema) is imported only when there is a report: when the package did not
+    install, the workflow runs this client from its source on the standard library alone, and there is
+    no report then."""
     if path is None:
         return None, "no report path was given"
     if not path.is_file():
         return None, f"the suite wrote no report at {path}"
+    from conformance.report import ReportValidationError, validate_report
+
     try:
         data = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -168,3 +168,24 @@ def test_callback_imports_no_torch(sqlite_url, results_relay, tmp_path):  # noqa
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert relay.store.runs(backend="l4", pr_number=16)[0].state == "in_progress"
+
+
+def test_the_final_callback_runs_on_the_standard_library_alone(sqlite_url, results_relay, tmp_path):  # noqa: F811
+    # The workflow's last resort when the package did not install: the callback modules from its own
+    # source, on an interpreter with nothing installed (-S: no site-packages, so no pydantic or yaml).
+    relay, drive = results_relay(sqlite_url)
+    nonce = drive.nonce("l4", drive.open_pr(17))
+    bare = [sys.executable, "-S"]
+    assert subprocess.run([*bare, "-c", "import pydantic"], capture_output=True, env={}).returncode != 0
+    log = tmp_path / "install-conformance.log"
+    log.write_text("ERROR: Could not find a version that satisfies the requirement pydantic>=2.6\n")
+    env = {**job_env(relay.url, nonce), "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+    argv = ["completed", "--suite-outcome", "", "--job-status", "failure", "--report", str(tmp_path / "report.json"),
+            "--failed-step", "install-conformance", "--step-log", str(log)]
+    result = subprocess.run([*bare, "-m", "conformance.callback", *argv], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = relay.store.runs(backend="l4", pr_number=17)
+    assert (run.state, run.conclusion) == ("completed", "failure")
+    assert run.reason == ("step 'install-conformance' failed before the suite ran; its last lines:\n"
+                          "ERROR: Could not find a version that satisfies the requirement pydantic>=2.6")
