@@ -29,6 +29,8 @@ from conformance.callback.workflow_log import annotate
 
 # user:password@ (or a token@) in a URL (a private index in a pip log, say): never sent to the relay.
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
+# A workflow command that starts a log line (``::error::``, ``::warning file=x::``): the relay shows its text.
+_ANNOTATION = re.compile(r"^::(?:error|warning|notice)(?: [^\n]*?)?::", re.M)
 _DESCRIPTION = "Tell the relay this CI run started (in-progress) or how it ended (completed)."
 
 
@@ -75,13 +77,14 @@ def read_report(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _step_tail(step_log: Path | None, secrets: list[str], room: int) -> str:
-    """The last ``room`` characters of a step's log, secrets and URL credentials blotted out."""
+    """The last ``room`` characters of a step's log, secrets and URL credentials blotted out, annotations
+    as their text."""
     if step_log is None or not step_log.is_file():
         return ""
     text = step_log.read_bytes()[-64 * 1024:].decode("utf-8", "replace")
     for secret in sorted(filter(None, secrets), key=len, reverse=True):
         text = text.replace(secret, "***")
-    text = _URL_CREDENTIALS.sub(r"\1***@", text).strip()
+    text = _ANNOTATION.sub("", _URL_CREDENTIALS.sub(r"\1***@", text)).strip()
     return text if len(text) <= room else "…" + text[-(room - 1):]
 
 

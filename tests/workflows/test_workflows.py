@@ -128,6 +128,22 @@ def test_step_order_and_the_final_callback_always_runs():
     assert "client_payload.base.sha" in cache["with"]["key"]
 
 
+def test_every_step_that_can_fail_before_the_suite_is_named_in_the_final_callback():
+    """A step that fails (or is cancelled) before the suite is the reason the relay gets: each one after
+    the run directory exists has an id, listed in STEP_OUTCOMES in step order (else its failure would
+    read "the suite wrote no report"), and each that runs a script keeps its log for the reason's lines."""
+    steps = load(REUSABLE)["jobs"]["conformance"]["steps"]
+    names = [s["name"] for s in steps]
+    before_suite = steps[1:names.index("Run the conformance suite")]
+    can_fail = [s for s in before_suite if not s.get("continue-on-error")]
+    assert all("id" in s for s in can_fail), [s["name"] for s in can_fail if "id" not in s]
+    outcomes = re.findall(r"([\w-]+)=\$\{\{ steps\.([\w-]+)\.outcome }}", steps[-1]["env"]["STEP_OUTCOMES"])
+    assert outcomes == [(s["id"], s["id"]) for s in can_fail]
+    for step in can_fail:
+        if "run" in step:
+            assert f'exec > >(tee "$STEP_LOGS/{step["id"]}.log") 2>&1' in step["run"], step["name"]
+
+
 def test_example_caller_pins_the_reusable_workflow_and_listens_for_every_relay_event():
     from relay.events import event_type, normalise
     from tests.relay.helpers import pr_payload, push_payload

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, conclusion_for, run_callback
+from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, completed_body, conclusion_for, run_callback
 from relay.testing.flaky_proxy import DROP, FlakyProxy
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, TOKENS, report
@@ -189,3 +189,15 @@ def test_the_final_callback_runs_on_the_standard_library_alone(sqlite_url, resul
     assert (run.state, run.conclusion) == ("completed", "failure")
     assert run.reason == ("step 'install-conformance' failed before the suite ran; its last lines:\n"
                           "ERROR: Could not find a version that satisfies the requirement pydantic>=2.6")
+
+
+def test_a_failed_steps_annotations_reach_the_relay_as_their_text(tmp_path):
+    log = tmp_path / "check-torch.log"
+    log.write_text("torch 2.13.0 built from cf30153c4c13\n"
+                   "::error::conformance preflight: wrong torch: tested torch built from cf30153c4c13\n"
+                   "::warning file=x.py,line=3::a warning\n")
+    body = completed_body({"nonce": "n"}, "failure", None, failed_step="check-torch", step_log=log)
+    assert body["message"] == ("step 'check-torch' failed before the suite ran; its last lines:\n"
+                               "torch 2.13.0 built from cf30153c4c13\n"
+                               "conformance preflight: wrong torch: tested torch built from cf30153c4c13\n"
+                               "a warning")
