@@ -189,6 +189,7 @@ class Loop:
         job = caller["jobs"]["conformance"]
         job["with"].update({
             "relay-url": self.proxy.url, "audience": AUDIENCE, "backend": backend,
+            "descriptor": "",  # a packaged descriptor (cpu) unless ``inputs`` name the repository's own
             # The backend's install command: torch is preinstalled on this runner; the command shows which.
             "torch-install": 'python -c "import torch; print(\'torch\', torch.__version__, torch.version.git_version)"',
             "conformance-source": f"file://{ROOT}", "suites": SUITE, "select": SELECT,

@@ -6,13 +6,15 @@ modules: it runs before torch is installed. ``preflight torch`` imports torch, p
 the commit it was built from, and with ``--expect`` (the dispatched commit) refuses another build with
 an error naming both commits (the rule is ``conformance.provenance``'s, the one the relay applies).
 
-Each exits 0 when the check passes and 1 with a one-line reason when it does not; the reusable workflow
-runs them as steps of their own so a failure names its step.
+Each exits 0 when the check passes and 1 with a one-line reason when it does not (in GitHub Actions an
+``::error::`` annotation); the reusable workflow runs them as steps of their own so a failure names its
+step.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -20,7 +22,11 @@ from conformance.provenance import Provenance, check, describe
 
 
 def _fail(message: str) -> int:
-    print(f"conformance preflight: {message}", file=sys.stderr, flush=True)
+    """The reason, one line: in GitHub Actions an error annotation (shown on the run's page), else stderr."""
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        print(f"::error::conformance preflight: {message}", flush=True)
+    else:
+        print(f"conformance preflight: {message}", file=sys.stderr, flush=True)
     return 1
 
 

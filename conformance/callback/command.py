@@ -29,6 +29,8 @@ from conformance.callback.workflow_log import annotate
 
 # user:password@ (or a token@) in a URL (a private index in a pip log, say): never sent to the relay.
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
+# A workflow command that starts a log line (``::error::``, ``::warning file=x::``): the relay shows its text.
+_ANNOTATION = re.compile(r"^::(?:error|warning|notice)(?: [^\n]*?)?::", re.M)
 _DESCRIPTION = "Tell the relay this CI run started (in-progress) or how it ended (completed)."
 
 
@@ -50,13 +52,17 @@ def conclusion_for(suite_outcome: str, job_status: str, *, started_at: float | N
 
 
 def read_report(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(report, None) for a valid report; (None, why) when there is none or it cannot be sent."""
-    from conformance.report import ReportValidationError, validate_report
+    """(report, None) for a valid report; (None, why) when there is none or it cannot be sent.
 
+    The schema (pydantic, jsonschema) is imported only when there is a report: when the package did not
+    install, the workflow runs this client from its source on the standard library alone, and there is
+    no report then."""
     if path is None:
         return None, "no report path was given"
     if not path.is_file():
         return None, f"the suite wrote no report at {path}"
+    from conformance.report import ReportValidationError, validate_report
+
     try:
         data = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -71,13 +77,14 @@ def read_report(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _step_tail(step_log: Path | None, secrets: list[str], room: int) -> str:
-    """The last ``room`` characters of a step's log, secrets and URL credentials blotted out."""
+    """The last ``room`` characters of a step's log, secrets and URL credentials blotted out, annotations
+    as their text."""
     if step_log is None or not step_log.is_file():
         return ""
     text = step_log.read_bytes()[-64 * 1024:].decode("utf-8", "replace")
     for secret in sorted(filter(None, secrets), key=len, reverse=True):
         text = text.replace(secret, "***")
-    text = _URL_CREDENTIALS.sub(r"\1***@", text).strip()
+    text = _ANNOTATION.sub("", _URL_CREDENTIALS.sub(r"\1***@", text)).strip()
     return text if len(text) <= room else "…" + text[-(room - 1):]
 
 

@@ -6,8 +6,9 @@ ever sent over ``https``: ``http://`` would carry it in clear text and ``file://
 (and print it in the error). ``RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK=1`` lets plain ``http`` through to a
 loopback address only, for tests and local trials (a relay on 127.0.0.1).
 
-Every secret is checked before it is used or masked: a newline or another control character would defeat
-``::add-mask::`` (it masks one line) and make urllib raise with the header in its message.
+Every secret is checked before it is used or masked: it must be printable ASCII. A newline, another
+control character (C1 ones too) or a Unicode line separator would defeat ``::add-mask::`` (it masks one
+line) and make urllib raise with the header in its message.
 """
 
 from __future__ import annotations
@@ -42,13 +43,25 @@ def checked_url(url: str, setting: str, env: Mapping[str, str]) -> str:
                          f"unprotected; {hint}")
 
 
+def _unprintable(char: str) -> str | None:
+    """What ``char`` is, when a credential may not hold it (anything but printable ASCII); else None."""
+    code = ord(char)
+    if char in "\r\n":
+        return "a newline"
+    if code < 0x20 or 0x7F <= code <= 0x9F:  # C0 and C1 controls, DEL
+        return f"the control character U+{code:04X}"
+    if code > 0x7F:  # a line or paragraph separator among them: a log reader may end the line there
+        return f"the non-ASCII character U+{code:04X}"
+    return None
+
+
 def checked_secret(name: str, value: str) -> str:
-    """``value`` when it is one line of printable characters; else CallbackFailed naming ``name`` (never the value)."""
+    """``value`` when it is one line of printable ASCII; else CallbackFailed naming ``name`` (never the value)."""
     for position, char in enumerate(value):
-        if ord(char) < 0x20 or ord(char) == 0x7F:
-            what = "a newline" if char in "\r\n" else f"the control character U+{ord(char):04X}"
-            raise CallbackFailed(f"{name} contains {what} at position {position}: a credential is one line; "
-                                 "remove the trailing newline or stray character from the secret")
+        what = _unprintable(char)
+        if what is not None:
+            raise CallbackFailed(f"{name} contains {what} at position {position}: a credential is one line of "
+                                 "printable ASCII; remove the trailing newline or stray character from the secret")
     return value
 
 
@@ -64,7 +77,7 @@ def credential(env: Mapping[str, str], policy: RetryPolicy, timeout: float = 30.
             "no credential: ACTIONS_ID_TOKEN_REQUEST_URL/_TOKEN are unset (give the job 'permissions: id-token: write') "
             "and RELAY_CALLBACK_TOKEN is empty"
         )
-    checked_secret("ACTIONS_ID_TOKEN_REQUEST_TOKEN", request_token)
+    mask(checked_secret("ACTIONS_ID_TOKEN_REQUEST_TOKEN", request_token))
     checked_url(url, "ACTIONS_ID_TOKEN_REQUEST_URL", env)
     audience = env.get("RELAY_AUDIENCE", "")
     if not audience:

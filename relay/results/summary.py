@@ -139,6 +139,19 @@ def summary_markdown(run: RunView, split: Failures, details_url: str, hold: Held
     return text if len(text) <= SUMMARY_MAX_CHARS else text[: SUMMARY_MAX_CHARS - 20] + "\n\n(cut)"
 
 
+def _reason_line(reason: str, room: int) -> str:
+    """A run's reason on one line: whole when it fits in ``room``, else its first line, less a closing
+    clause that only announces the lines left out ("...; its last lines:")."""
+    whole = plain_text(reason)
+    if len(whole) <= room:
+        return whole
+    first = reason.splitlines()[0].rstrip()
+    if first.endswith(":"):
+        head, separator, _ = first.rpartition("; ")
+        first = head if separator else first.rstrip(":")
+    return plain_text(first)
+
+
 def status_description(run: RunView, decision: Decision, split: Failures, fixed: tuple[FixedEntry, ...] = ()) -> str:
     failures = split.blocking
     if decision.withdrawn:
@@ -151,7 +164,7 @@ def status_description(run: RunView, decision: Decision, split: Failures, fixed:
         text = _counts_line(run)
         if not (run.summary or {}).get("counts") and run.reason:
             # No report: the reason is all there is (the job's failed step, a missing report, ...).
-            text += f": {plain_text(run.reason.splitlines()[0])}"
+            text += f": {_reason_line(run.reason, DESCRIPTION_MAX_CHARS - len(text) - 2)}"
         if split.quarantined:
             text += f"; {len(split.quarantined)} quarantined"
         if failures:

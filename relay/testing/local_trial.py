@@ -9,7 +9,9 @@ whose head is the installed torch's commit; and writes, into ``--workdir``:
 
 - ``event.json``: the ``repository_dispatch`` event the relay sent for it;
 - ``crcr.yml``: the caller workflow with the relay's URL and audience, this checkout as the
-  ``conformance-source`` (act has no ``job.workflow_sha``) and the descriptor input set;
+  ``conformance-source`` (act has no ``job.workflow_sha``), the descriptor input set, and, when the
+  caller has no ``torch-install`` (a build from source, which needs the network), a command that keeps
+  the torch installed here; ``--suites``/``--select`` narrow the run;
 - ``act.sh``: the act command that runs it: the host runner, this checkout as the reusable workflow,
   the offline stand-ins of ``workflows/act/`` for GitHub's own actions, the token service's
   ``ACTIONS_ID_TOKEN_REQUEST_*`` variables, plain http to the loopback relay allowed, and pip kept off
@@ -48,6 +50,10 @@ TOKEN = "local-trial-github-token"
 UPSTREAM = "pytorch/pytorch"
 CHECKOUT = Path(__file__).resolve().parents[2]  # an editable install's checkout: the reusable workflow and stand-ins
 STANDINS = {"actions/checkout": "workflows/act/checkout", "actions/cache": "workflows/act/cache"}
+# The trial's torch-install when the caller has none: the torch of this environment (on the job's
+# PYTHONPATH, see offline_job_env) stays, and the job's log says which it is.
+KEEP_INSTALLED_TORCH = ('python -c "import torch; print(\'keeping the installed torch\', torch.__version__, '
+                        '\'built from\', torch.version.git_version)"')
 
 
 def offline_job_env(repo_root: Path) -> dict[str, str]:
@@ -100,14 +106,16 @@ class Trial:
     """The relay, its fakes and the files act needs, for one backend repository; ``close()`` stops them."""
 
     def __init__(self, repo_root: Path, caller: Path, descriptor: Path, workdir: Path, *, repository: str,
-                 python: str = sys.executable, conformance: Path = CHECKOUT):
+                 python: str = sys.executable, conformance: Path = CHECKOUT, suites: str = "", select: str = ""):
         self.repo_root, self.workdir, self.python, self.conformance = repo_root, workdir, python, conformance
+        self.suites, self.select = suites, select
         self.caller, self.descriptor_path, self.repository = caller, descriptor, repository
         loaded = yaml.safe_load(descriptor.read_text())
         if not isinstance(loaded, dict) or not isinstance(loaded.get("name"), str):
             raise SystemExit(f"local_trial: {descriptor} has no 'name': give the path of your backends/<name>.yaml")
         self.backend = loaded["name"]
         workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "act.sh").unlink(missing_ok=True)  # an earlier trial's: the guide waits for this one's
         allowlist = workdir / "allowlist"
         allowlist.mkdir(exist_ok=True)
         (allowlist / f"{self.backend}.yaml").write_text(yaml.safe_dump(
@@ -148,11 +156,17 @@ class Trial:
         caller = yaml.safe_load(self.caller.read_text())
         caller["on"] = caller.pop(True, caller.get("on"))  # YAML 1.1 reads the key `on` as True
         job = next(j for j in caller["jobs"].values() if "conformance.yml@" in str(j.get("uses", "")))
-        job.setdefault("with", {}).update({
+        inputs = job.setdefault("with", {})
+        inputs.update({
             "relay-url": self.relay.url, "audience": AUDIENCE, "backend": self.backend,
             "descriptor": str(self.descriptor_path.resolve().relative_to(self.repo_root.resolve())),
             "conformance-source": f"file://{self.conformance}", "python": self.python,
         })
+        if not inputs.get("torch-install"):
+            inputs["torch-install"] = KEEP_INSTALLED_TORCH
+            print("your caller builds torch from source (no torch-install), which needs the network: "
+                  "the trial keeps the torch installed here", flush=True)
+        inputs.update({key: value for key, value in (("suites", self.suites), ("select", self.select)) if value})
         workflow = self.workdir / "crcr.yml"
         workflow.write_text(yaml.safe_dump(caller, sort_keys=False))
         env = {**self.issuer.actions_token_env(self.repository, run_id=1),  # act numbers every run 1
@@ -183,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--descriptor", type=Path, required=True, help="your descriptor, e.g. backends/npu.yaml")
     parser.add_argument("--repository", default=None, help="your repository, owner/name (default local/<name>-ci)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the files go (default a new temporary folder)")
+    parser.add_argument("--suites", default="", help="space-separated suites to run (default: the caller's, else all)")
+    parser.add_argument("--select", default="", help="a pytest -k expression narrowing the tests (default: the caller's)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run's end (default 3600)")
     parser.add_argument("--conformance", type=Path, default=CHECKOUT,
                         help="a checkout of this project (default: the one installed with pip install -e)")
@@ -197,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="crcr-trial-"))
     name = (yaml.safe_load(args.descriptor.read_text()) or {}).get("name", "backend")
     trial = Trial(root, args.caller, args.descriptor, workdir, repository=args.repository or f"local/{name}-ci",
-                  conformance=args.conformance.resolve())
+                  conformance=args.conformance.resolve(), suites=args.suites, select=args.select)
     try:
         head = installed_torch_commit(trial.python)
         script = trial.write_act_files(trial.dispatch(1, head))

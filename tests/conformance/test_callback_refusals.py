@@ -143,11 +143,17 @@ def test_the_oidc_token_request_follows_no_redirect_either(capsys):
     ("first-half\r", "a newline at position 10"),
     ("first\x1bSECOND-HALF", "the control character U+001B at position 5"),
     ("first\x7fSECOND-HALF", "the control character U+007F at position 5"),
+    # C1 controls and Unicode line breaks: a log or a header can take them for the end of a line.
+    ("first\x85SECOND-HALF", "the control character U+0085 at position 5"),
+    ("first\x9bSECOND-HALF", "the control character U+009B at position 5"),
+    ("first\u2028SECOND-HALF", "the non-ASCII character U+2028 at position 5"),
+    ("firsté-SECOND-HALF", "the non-ASCII character U+00E9 at position 5"),
 ])
 def test_a_token_with_a_control_character_is_refused_and_never_shown(relay, token, what, capsys):
     assert call(job_env(relay.url, RELAY_CALLBACK_TOKEN=token), "in-progress") == 1
     captured = capsys.readouterr()
-    assert f"::error::RELAY_CALLBACK_TOKEN contains {what}: a credential is one line" in captured.out
+    assert (f"::error::RELAY_CALLBACK_TOKEN contains {what}: a credential is one line of printable ASCII; "
+            "remove the trailing newline or stray character from the secret") in captured.out
     assert "SECOND-HALF" not in captured.out + captured.err and "::add-mask::" not in captured.out
     assert relay.requests == []
 
@@ -171,6 +177,23 @@ def test_the_whole_static_token_is_masked_before_it_is_used(relay, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "::add-mask::tok-3f9a-whole"
     assert relay.requests[0][2]["authorization"] == "Token tok-3f9a-whole"
+
+
+def test_the_whole_oidc_token_is_masked_before_it_is_used(capsys):
+    token = "eyJhbGciOiJSUzI1NiJ9.eyJyZXBvc2l0b3J5Ijoib3JnL25wdS1jaSJ9.c2lnbmF0dXJl-part_2"
+
+    def issue(_m, _p, _h, _b) -> Answer:
+        return 200, {"Content-Type": "application/json"}, json.dumps({"value": token}).encode()
+
+    with ScriptedServer(issue) as issuer, ScriptedServer(ok) as relay:
+        env = job_env(relay.url, RELAY_CALLBACK_TOKEN="", RELAY_AUDIENCE="aud",
+                      ACTIONS_ID_TOKEN_REQUEST_URL=f"{issuer.url}/token?api-version=2.0",
+                      ACTIONS_ID_TOKEN_REQUEST_TOKEN="request-token-9")
+        assert call(env, "in-progress") == 0
+        assert relay.requests[0][2]["authorization"] == f"Bearer {token}"
+    lines = capsys.readouterr().out.splitlines()
+    # Both secrets masked whole, each on its line, before anything else is printed.
+    assert lines[:2] == ["::add-mask::request-token-9", f"::add-mask::{token}"], lines
 
 
 def report(tests: list[dict]) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,18 +36,11 @@ def documented_commands() -> str:
 
 
 def backend_repository(root: Path) -> Path:
-    """A backend repository as onboarding has it: the example caller and its own descriptor."""
+    """A backend repository as onboarding has it: the example caller copied unmodified, and its own descriptor."""
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     subprocess.run(["git", "-C", str(root), "remote", "add", "origin", "https://github.com/local/npu-ci"], check=True)
-    caller = yaml.safe_load((ROOT / "workflows" / "examples" / "crcr.yml").read_text())
-    caller["on"] = caller.pop(True)
-    caller["jobs"]["conformance"]["with"].update({
-        "backend": "npu", "suites": "collectives", "select": "test_all_reduce[ and float32 and SUM",
-        "timeout-minutes": 15,
-        "torch-install": 'python -c "import torch; print(\'torch\', torch.__version__)"',  # torch is here already
-    })
     (root / ".github" / "workflows").mkdir(parents=True)
-    (root / ".github" / "workflows" / "crcr.yml").write_text(yaml.safe_dump(caller, sort_keys=False))
+    shutil.copy(ROOT / "workflows" / "examples" / "crcr.yml", root / ".github" / "workflows" / "crcr.yml")
     descriptor = yaml.safe_load((ROOT / "backends" / "cpu.yaml").read_text())
     descriptor.update(name="npu", description="an out-of-tree backend for the trial (CPU ranks, gloo)")
     (root / "backends").mkdir()
@@ -66,6 +60,7 @@ def test_the_onboarding_trial_runs_as_written_and_reaches_the_pr(tmp_path):
     assert done.returncode == 0, out[-5000:]
     assert "ready: relay http://127.0.0.1:" in out
     assert "descriptor npu: cpu over gloo, from" in out  # the job loaded the repository's own descriptor
+    assert "the trial keeps the torch installed here" in out and "keeping the installed torch" in out
     assert re.search(r"run \d+ of npu: completed \(success\); the PR shows crcr/npu success: 1 passed", out), out[-3000:]
     workflow = yaml.safe_load((workdir / "crcr.yml").read_text())["jobs"]["conformance"]["with"]
-    assert (workflow["descriptor"], workflow["backend"]) == ("backends/npu.yaml", "npu")
+    assert (workflow["descriptor"], workflow["backend"], workflow["suites"]) == ("backends/npu.yaml", "npu", "collectives")

@@ -128,6 +128,22 @@ def test_step_order_and_the_final_callback_always_runs():
     assert "client_payload.base.sha" in cache["with"]["key"]
 
 
+def test_every_step_that_can_fail_before_the_suite_is_named_in_the_final_callback():
+    """A step that fails (or is cancelled) before the suite is the reason the relay gets: each one after
+    the run directory exists has an id, listed in STEP_OUTCOMES in step order (else its failure would
+    read "the suite wrote no report"), and each that runs a script keeps its log for the reason's lines."""
+    steps = load(REUSABLE)["jobs"]["conformance"]["steps"]
+    names = [s["name"] for s in steps]
+    before_suite = steps[1:names.index("Run the conformance suite")]
+    can_fail = [s for s in before_suite if not s.get("continue-on-error")]
+    assert all("id" in s for s in can_fail), [s["name"] for s in can_fail if "id" not in s]
+    outcomes = re.findall(r"([\w-]+)=\$\{\{ steps\.([\w-]+)\.outcome }}", steps[-1]["env"]["STEP_OUTCOMES"])
+    assert outcomes == [(s["id"], s["id"]) for s in can_fail]
+    for step in can_fail:
+        if "run" in step:
+            assert f'exec > >(tee "$STEP_LOGS/{step["id"]}.log") 2>&1' in step["run"], step["name"]
+
+
 def test_example_caller_pins_the_reusable_workflow_and_listens_for_every_relay_event():
     from relay.events import event_type, normalise
     from tests.relay.helpers import pr_payload, push_payload
@@ -143,3 +159,35 @@ def test_example_caller_pins_the_reusable_workflow_and_listens_for_every_relay_e
         kwargs = {"label": "x"} if action == "labeled" else {}
         assert event_type(normalise("pull_request", "d", pr_payload(action, **kwargs))) in types
     assert event_type(normalise("push", "d", push_payload())) in types
+
+
+def test_the_pinned_commit_has_every_input_the_example_and_the_guide_use():
+    """The caller pins a commit of this repository's history (GitHub runs that commit's workflow, which
+    refuses an input it does not declare); every input and secret the example caller (its commented
+    ones too) and docs/onboarding.md name must be declared there. A release moves the pin forward."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60)
+
+    if git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        pytest.skip("a shallow clone may lack the pinned commit: git fetch --unshallow")
+    pin = load(CALLER)["jobs"]["conformance"]["uses"].rsplit("@", 1)[1]
+    assert git("merge-base", "--is-ancestor", pin, "HEAD").returncode == 0, \
+        f"the example caller pins {pin}, which is not in this branch's history"
+    shown = git("show", f"{pin}:.github/workflows/conformance.yml")
+    assert shown.returncode == 0, shown.stderr
+
+    def interface(workflow: dict) -> set[str]:
+        call = workflow["on"]["workflow_call"]
+        return set(call["inputs"]) | set(call.get("secrets") or {})
+
+    pinned = yaml.safe_load(shown.stdout)
+    pinned["on"] = pinned.pop(True)
+    names = interface(load(REUSABLE))
+    used = set(load(CALLER)["jobs"]["conformance"]["with"])
+    used |= set(re.findall(r"^\s*# ([\w-]+): ", CALLER.read_text(), re.M)) & names  # commented out: torch-install
+    guide = (ROOT / "docs" / "onboarding.md").read_text()
+    used |= {name for name in names if f"`{name}`" in guide or f"{name}: " in guide}
+    assert {"descriptor", "torch-install", "callback-token"} <= used  # the probe sees what the guide names
+    missing = used - interface(pinned)
+    assert not missing, f"the example caller pins {pin[:12]}, whose workflow lacks {sorted(missing)}: pin a newer commit"
+

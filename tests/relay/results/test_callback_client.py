@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, conclusion_for, run_callback
+from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, completed_body, conclusion_for, run_callback
 from relay.testing.flaky_proxy import DROP, FlakyProxy
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import AUDIENCE, REPOS, TOKENS, report
@@ -55,9 +55,11 @@ def test_oidc_run_in_progress_then_completed_and_the_token_is_masked(sqlite_url,
     assert len(relay.store.test_results([run.id])) == 2
     assert oidc_issuer.token_requests == [AUDIENCE, AUDIENCE]  # a fresh token per callback
     masks = [line.removeprefix("::add-mask::") for line in out.splitlines() if line.startswith("::add-mask::")]
-    assert len(masks) == 2
-    for token in masks:
-        assert out.count(token) == 1, "the token shows only in its own mask command"
+    request_token = env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"]
+    assert masks[0::2] == [request_token, request_token], "the request token is masked before it is used"
+    assert len(masks) == 4 and len(set(masks[1::2])) == 2, "each callback masks its own OIDC token"
+    for secret in set(masks):
+        assert out.count(secret) == masks.count(secret), "a secret shows only in its own mask commands"
 
 
 def test_truncated_report_is_a_failure_with_the_reason(sqlite_url, results_relay, tmp_path, capsys):  # noqa: F811
@@ -166,3 +168,36 @@ def test_callback_imports_no_torch(sqlite_url, results_relay, tmp_path):  # noqa
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert relay.store.runs(backend="l4", pr_number=16)[0].state == "in_progress"
+
+
+def test_the_final_callback_runs_on_the_standard_library_alone(sqlite_url, results_relay, tmp_path):  # noqa: F811
+    # The workflow's last resort when the package did not install: the callback modules from its own
+    # source, on an interpreter with nothing installed (-S: no site-packages, so no pydantic or yaml).
+    relay, drive = results_relay(sqlite_url)
+    nonce = drive.nonce("l4", drive.open_pr(17))
+    bare = [sys.executable, "-S"]
+    assert subprocess.run([*bare, "-c", "import pydantic"], capture_output=True, env={}).returncode != 0
+    log = tmp_path / "install-conformance.log"
+    log.write_text("ERROR: Could not find a version that satisfies the requirement pydantic>=2.6\n")
+    env = {**job_env(relay.url, nonce), "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+    argv = ["completed", "--suite-outcome", "", "--job-status", "failure", "--report", str(tmp_path / "report.json"),
+            "--failed-step", "install-conformance", "--step-log", str(log)]
+    result = subprocess.run([*bare, "-m", "conformance.callback", *argv], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = relay.store.runs(backend="l4", pr_number=17)
+    assert (run.state, run.conclusion) == ("completed", "failure")
+    assert run.reason == ("step 'install-conformance' failed before the suite ran; its last lines:\n"
+                          "ERROR: Could not find a version that satisfies the requirement pydantic>=2.6")
+
+
+def test_a_failed_steps_annotations_reach_the_relay_as_their_text(tmp_path):
+    log = tmp_path / "check-torch.log"
+    log.write_text("torch 2.13.0 built from cf30153c4c13\n"
+                   "::error::conformance preflight: wrong torch: tested torch built from cf30153c4c13\n"
+                   "::warning file=x.py,line=3::a warning\n")
+    body = completed_body({"nonce": "n"}, "failure", None, failed_step="check-torch", step_log=log)
+    assert body["message"] == ("step 'check-torch' failed before the suite ran; its last lines:\n"
+                               "torch 2.13.0 built from cf30153c4c13\n"
+                               "conformance preflight: wrong torch: tested torch built from cf30153c4c13\n"
+                               "a warning")

@@ -265,6 +265,24 @@ def test_status_descriptions_are_plain_one_line_text(sqlite_url, results_relay):
     assert "\u202e" not in description and "\x1b" not in description
 
 
+@pytest.mark.parametrize("tail,expected", [
+    # Only the first line fits: it says which step failed, without the colon that led to the lines left out.
+    ("Collecting pydantic>=2.6\n" + "ERROR: Could not find a version that satisfies the requirement pydantic " * 3,
+     "no report: step 'install-conformance' failed before the suite ran"),
+    ("ERROR: no pydantic", "no report: step 'install-conformance' failed before the suite ran; its last lines: "
+                           "ERROR: no pydantic"),
+])
+def test_a_failed_steps_reason_is_its_status_description(sqlite_url, results_relay, tail, expected):  # noqa: F811
+    relay, drive = results_relay(sqlite_url)
+    nonce = drive.nonce("l4", drive.open_pr(28))
+    drive.start("l4", nonce)
+    message = f"step 'install-conformance' failed before the suite ran; its last lines:\n{tail}"
+    assert drive.callback({"nonce": nonce, "state": "completed", "run_id": 5001, "run_attempt": 1,
+                           "conclusion": "failure", "message": message}, backend="l4").status_code == 200
+    settle(relay)
+    assert statuses(relay.fake, "crcr/l4")[-1]["description"] == expected
+
+
 def test_labels_stored_by_intake_wake_reporting(database_url, results_relay, wait):  # noqa: F811
     # Reporting polls once an hour here: only a wake makes it look. The labeled event names a label no
     # backend listens to, so nothing is dispatched (no send wakes reporting): the PR's stored labels,
