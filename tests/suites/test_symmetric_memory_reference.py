@@ -74,6 +74,19 @@ def test_broken_variant_is_caught(pool, broken, check, expected):
     assert expected in str(caught.value)
 
 
+@pytest.mark.parametrize("op", bodies.SYMM_OPS)
+def test_symm_op_passes_on_reference(pool, op):
+    bodies.check_symm_op(pool, REFERENCE, op)
+
+
+def test_fused_all_gather_matmul_passes_on_reference(pool):
+    bodies.check_fused_all_gather_matmul(pool, REFERENCE)
+
+
+def test_subgroup_rendezvous_passes_on_reference(pool):
+    bodies.check_subgroup_rendezvous(pool, REFERENCE)
+
+
 def test_wrong_peer_also_starves_the_receiver(pool):
     with pytest.raises(ConformanceFailure) as caught:
         bodies.check_pairwise(pool, variant("WrongPeerSymmetricMemory"))
@@ -93,7 +106,8 @@ def test_resolve_names_the_interface():
     assert resolve("torch") is TorchSymmetricMemory
     with pytest.raises(ValueError, match="expected 'torch' or 'package.module:ATTRIBUTE'"):
         resolve("reference")
-    with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier"):
+    with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier, "
+                                        "one_shot_all_reduce, .*, get_remote_tensors, unsupported$"):
         resolve("tests.suites.symm_reference:ReferenceHandle")
 
 
