@@ -32,8 +32,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NoWaitSymmetricMemory", "ReferenceSymmetricMemory", "StaleSignalSymmetricMemory",
-           "UncheckedPeerSymmetricMemory", "WrongPeerSymmetricMemory"]
+__all__ = ["LocalShardMatmulSymmetricMemory", "LocalStoreTwoShotSymmetricMemory", "NoMulticastSymmetricMemory",
+           "NoWaitSymmetricMemory", "OtherChunkReduceScatterSymmetricMemory", "OutOfPlaceMultimemSymmetricMemory",
+           "OwnBufferRemoteTensorsSymmetricMemory", "ReferenceSymmetricMemory", "ReversedAllGatherSymmetricMemory",
+           "SkipPeerAllReduceSymmetricMemory", "StaleSignalSymmetricMemory", "UncheckedPeerSymmetricMemory",
+           "WorldRendezvousSymmetricMemory", "WrongPeerSymmetricMemory"]
 
 POSTED, CONSUMED = 0, 1
 
@@ -284,3 +287,92 @@ class UncheckedPeerSymmetricMemory(ReferenceSymmetricMemory):
     def put_signal(self, src, hdl, peer):
         self._deliver(src, hdl, peer % hdl.world_size)
 
+
+class SkipPeerAllReduceSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``one_shot_all_reduce`` leaves out the last member's buffer."""
+
+    name = "broken: one-shot all_reduce that skips a peer"
+
+    def one_shot_all_reduce(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._reduce_of(hdl, hdl.buffers[:-1] or hdl.buffers, reduce_op)
+
+
+class LocalStoreTwoShotSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``two_shot_all_reduce_`` stores each reduced slice in its own buffer only, so every other
+    slice keeps this rank's input."""
+
+    name = "broken: two-shot all_reduce that stores its slice locally"
+
+    def two_shot_all_reduce_(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        self._reduce_in_place(hdl, reduce_op, [tensor])
+        return tensor
+
+
+class OutOfPlaceMultimemSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``multimem_all_reduce_`` returns the reduction in a new tensor and leaves its input as it was."""
+
+    name = "broken: multimem all_reduce that is not in place"
+
+    def multimem_all_reduce_(self, tensor, reduce_op="sum", group=None):
+        return self.one_shot_all_reduce(tensor, reduce_op, group)
+
+
+class NoMulticastSymmetricMemory(ReferenceSymmetricMemory):
+    """Not a bug: a machine without multicast, where the multimem test must skip saying why."""
+
+    name = "reference without multicast"
+
+    def unsupported(self, op, hdl=None):
+        if op == "multimem_all_reduce_":
+            return "multimem_all_reduce_ needs multicast: this reference has none"
+        return None
+
+
+class ReversedAllGatherSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``low_contention_all_gather`` concatenates the members' buffers in reverse rank order."""
+
+    name = "broken: all_gather in the wrong rank order"
+
+    def low_contention_all_gather(self, tensor, group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._concat(hdl, 0, list(reversed(range(hdl.world_size))))
+
+
+class OtherChunkReduceScatterSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``low_contention_reduce_scatter`` returns the next rank's chunk of the reduction."""
+
+    name = "broken: reduce_scatter that returns another rank's chunk"
+
+    def low_contention_reduce_scatter(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._reduce_chunk(hdl, (hdl.rank + 1) % hdl.world_size, reduce_op)
+
+
+class LocalShardMatmulSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``fused_all_gather_matmul`` gathers ``A`` but multiplies only the local shard."""
+
+    name = "broken: fused_all_gather_matmul that multiplies only the local shard"
+
+    def fused_all_gather_matmul(self, A, Bs, gather_dim=0, return_A=True, group=None):
+        gathered = self._gather(A, gather_dim, group)
+        return (gathered if return_A else None), [A @ B for B in Bs]
+
+
+class OwnBufferRemoteTensorsSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``get_remote_tensors`` returns this rank's own buffer for every peer."""
+
+    name = "broken: get_remote_tensors that returns the local buffer"
+
+    def get_remote_tensors(self, tensor, group=None):
+        return [tensor] * self.rendezvous(tensor, group).world_size
+
+
+class WorldRendezvousSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``rendezvous`` on a sub-group maps the world's ranks instead of the group's."""
+
+    name = "broken: sub-group rendezvous that maps the world"
+
+    def rendezvous(self, tensor, group=None):
+        return super().rendezvous(tensor, None)
