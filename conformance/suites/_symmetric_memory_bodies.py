@@ -414,9 +414,8 @@ def check_errors(ranks, impl: str) -> None:
 
 # -- checks of the collectives on symmetric buffers -----------------------------------------------
 
-def _header(ranks, impl: str, op: str, world: int | None = None) -> str:
-    world = ranks.world_size if world is None else world
-    return f"symm_mem.{op} on {world} ranks over {ranks.backend} (impl {impl})"
+def _header(ranks, impl: str, op: str) -> str:
+    return f"symm_mem.{op} on {ranks.world_size} ranks over {ranks.backend} (impl {impl})"
 
 
 def _skip_if_unsupported(ranks, impl: str, op: str, results) -> None:
@@ -464,7 +463,8 @@ def check_symm_op(ranks, impl: str, op: str) -> None:
             how = "in place: the reduction" if op.endswith("_") else "its input as it was"
             _compare(problems, res["buffer"], left, rank, f"{op}(sum): the input buffer afterwards ({how})")
         elif op == "_low_contention_all_gather":
-            _compare(problems, out, torch.cat(inputs), rank, f"{op}: the gathered tensor (every rank's input in rank order)")
+            _compare(problems, out, torch.cat(inputs), rank,
+                     f"{op}: the gathered tensor (every rank's input in rank order)")
         elif op == "_low_contention_reduce_scatter":
             _compare(problems, out, total.chunk(world)[rank], rank, f"{op}(sum): this rank's chunk of the sum")
         elif op == "get_remote_tensors":

@@ -346,7 +346,6 @@ def test_error_cases(ranks):
     bodies.check_errors(ranks, IMPL)
 
 
-
 @requires("symmetric_memory")
 @min_ranks(2)  # a collective over one rank would not show a peer's data
 @pytest.mark.parametrize("op", bodies.SYMM_OPS)

@@ -124,7 +124,8 @@ def _op(op):
     pytest.param("OwnBufferRemoteTensorsSymmetricMemory", _op("get_remote_tensors"), "get_remote_tensors",
                  "rank 0: get_remote_tensors: the tensor for rank 1 (its buffer) is wrong", id="remote-is-own-buffer"),
     pytest.param("WorldRendezvousSymmetricMemory", bodies.check_subgroup_rendezvous, "rendezvous(sub-group)",
-                 "rank 1: the handle of a rendezvous on the sub-group of ranks [1] says rank 1 of 2, expected rank 0 of 1",
+                 "rank 1: the handle of a rendezvous on the sub-group of ranks [1] says rank 1 of 2, "
+                 "expected rank 0 of 1",
                  id="sub-group-maps-the-world"),
 ])
 def test_broken_symm_op_is_caught(pool, broken, check, op, expected):
