@@ -6,7 +6,11 @@ Two halves:
   NCCL >= 2.29 in torch 2.13): allocation through ``empty`` + ``rendezvous``; put_signal/wait_signal
   pairwise odd -> even (as upstream's own test) and even -> odd; a ring that signals every peer;
   100 rounds through one signal; several sizes and dtypes; a wait posted before its put; and the
-  error cases (a peer outside the group, rendezvous of a tensor symmetric memory did not allocate).
+  error cases (a peer outside the group, rendezvous of a tensor symmetric memory did not allocate);
+  and the collectives on real symmetric buffers, each compared with what the ranks' inputs give:
+  one-shot and two-shot all_reduce, multimem all_reduce (skipped, saying why, without multicast),
+  low-contention all_gather and reduce_scatter, fused_all_gather_matmul, get_remote_tensors, and a
+  rendezvous on a sub-group (at 2 ranks a group of one, at 4 a pair).
   The bodies live in ``_symmetric_memory_bodies`` behind ``conformance.symmetric_memory``, so the
   project's own tests run the very same bodies on a CPU reference implementation and on broken ones.
 * Everywhere: the API surface. The functions exist with their documented signatures,
@@ -137,6 +141,42 @@ def meta_shapes_on_rank(ctx):
     return out
 
 
+def _shapes(value):
+    if isinstance(value, (list, tuple)):
+        return [_shapes(v) for v in value]
+    return None if value is None else tuple(value.shape)
+
+
+def torch_impl_on_meta_rank(ctx):
+    """The "torch" implementation's collectives on meta tensors: each must reach its torch.ops.symm_mem op
+    with the rank's group name (the ops without a meta kernel raise, naming the op they were called as);
+    and what ``unsupported`` says of each op on this rank's device."""
+    import torch
+    import torch.distributed._symmetric_memory  # noqa: F401  (registers the Python meta kernels)
+
+    from conformance.symmetric_memory import OPERATIONS, TorchSymmetricMemory
+
+    mem = TorchSymmetricMemory(ctx)
+    m = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
+    rows = 4 * ctx.world_size
+    cases = {
+        "one_shot_all_reduce": lambda: mem.one_shot_all_reduce(m(rows, 8)),
+        "two_shot_all_reduce_": lambda: mem.two_shot_all_reduce_(m(rows, 8)),
+        "multimem_all_reduce_": lambda: mem.multimem_all_reduce_(m(rows, 8)),
+        "_low_contention_all_gather": lambda: mem.low_contention_all_gather(m(rows, 8)),
+        "_low_contention_reduce_scatter": lambda: mem.low_contention_reduce_scatter(m(rows, 8)),
+        "fused_all_gather_matmul": lambda: mem.fused_all_gather_matmul(m(rows, 8), [m(8, 3)], 0, return_A=False),
+        "get_remote_tensors": lambda: mem.get_remote_tensors(m(rows, 8)),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            out[name] = _shapes(call())
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return {"meta": out, "unsupported": {op: mem.unsupported(op) for op in OPERATIONS}}
+
+
 # -- the API surface: runs on every backend -------------------------------------------------------
 
 DOCUMENTED_SIGNATURES = {
@@ -207,6 +247,36 @@ def test_meta_kernels_give_the_right_shapes(ranks):
                                     for op, (got, want) in wrong.items())
 
 
+def test_torch_implementation_reaches_the_ops(ranks):
+    """``conformance.symmetric_memory.TorchSymmetricMemory``, which the suite's collectives on real buffers
+    go through, calls each torch.ops.symm_mem op with the group's name: on meta tensors the ops with a meta
+    kernel give the right shapes, the two without raise naming the op. Its ``unsupported`` names the op
+    when this device has no kernel for it (on CPU: none of them)."""
+    world, rows = ranks.world_size, 4 * ranks.world_size
+    expected = {
+        "one_shot_all_reduce": (rows, 8),
+        "_low_contention_all_gather": (rows * world, 8),
+        "_low_contention_reduce_scatter": (rows // world, 8),
+        "fused_all_gather_matmul": [None, [(rows * world, 3)]],
+        "get_remote_tensors": [(rows, 8)] * world,
+    }
+    problems = []
+    for rank, res in enumerate(ranks.run(torch_impl_on_meta_rank)):
+        got = res["meta"]
+        problems += [f"rank {rank}: TorchSymmetricMemory's {op} on meta tensors gave {got[op]}, expected {want}"
+                     for op, want in expected.items() if got[op] != want]
+        problems += [f"rank {rank}: TorchSymmetricMemory's {op} on meta tensors gave {got[op]!r}, expected an error "
+                     f"naming symm_mem::{op} (it has no meta kernel)"
+                     for op in ("two_shot_all_reduce_", "multimem_all_reduce_")
+                     if not (isinstance(got[op], str) and f"symm_mem::{op}" in got[op])]
+        for op, why in res["unsupported"].items():
+            if why is not None and f"symm_mem::{op}" not in why:
+                problems.append(f"rank {rank}: unsupported({op!r}) on {ranks.device} says {why!r}, not naming the op")
+            if why is None and ranks.device == "cpu":
+                problems.append(f"rank {rank}: unsupported({op!r}) on cpu is None, but torch has no CPU kernel for it")
+    assert not problems, f"symm_mem ops through the torch implementation over {ranks.backend}:\n" + "\n".join(problems)
+
+
 def test_probe_records_torchs_reason(ranks):
     """Unavailable: the probe's reason is torch's own error from ``empty`` on this device, verbatim.
     Available: ``empty`` works on every rank."""
@@ -275,3 +345,21 @@ def test_wait_posted_before_put(ranks):
 def test_error_cases(ranks):
     bodies.check_errors(ranks, IMPL)
 
+
+@requires("symmetric_memory")
+@min_ranks(2)  # a collective over one rank would not show a peer's data
+@pytest.mark.parametrize("op", bodies.SYMM_OPS)
+def test_symm_op_on_real_buffers(ranks, op):
+    bodies.check_symm_op(ranks, IMPL, op)
+
+
+@requires("symmetric_memory")
+@min_ranks(2)  # a collective over one rank would not show a peer's data
+def test_fused_all_gather_matmul_on_real_buffers(ranks):
+    bodies.check_fused_all_gather_matmul(ranks, IMPL)
+
+
+@requires("symmetric_memory")
+@min_ranks(2)  # a sub-group smaller than the world
+def test_rendezvous_on_a_sub_group(ranks):
+    bodies.check_subgroup_rendezvous(ranks, IMPL)

@@ -14,6 +14,14 @@ row belongs to one writer only: ``posted[src]`` in rank r's pad is incremented o
 ``put_signal``, ``consumed[src]`` only by rank r's ``wait_signal``, so no two processes write the
 same word and a signal is consumed exactly once. ``put_signal`` copies the data before it bumps the
 counter; x86's total store order keeps that order visible to the reader.
+
+``rendezvous(tensor, group)`` does the same over any process group (a sub-group maps only its
+members' buffers, numbered by group rank) and caches the handle per buffer and group, as torch does.
+As its files are unlinked after the first rendezvous, a buffer can be rendezvoused on one group only.
+The collectives (one- and two-shot all_reduce, multimem all_reduce, low-contention all_gather and
+reduce_scatter, fused_all_gather_matmul, get_remote_tensors) compute their result from the members'
+mapped buffers between two barriers of the group, as torch's kernels do between their signal-pad
+synchronisations; "multimem" is emulated by storing each reduced slice in every member's buffer.
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NoWaitSymmetricMemory", "ReferenceSymmetricMemory", "StaleSignalSymmetricMemory",
-           "UncheckedPeerSymmetricMemory", "WrongPeerSymmetricMemory"]
+__all__ = ["LocalShardMatmulSymmetricMemory", "LocalStoreTwoShotSymmetricMemory", "NoMulticastSymmetricMemory",
+           "NoWaitSymmetricMemory", "OtherChunkReduceScatterSymmetricMemory", "OutOfPlaceMultimemSymmetricMemory",
+           "OwnBufferRemoteTensorsSymmetricMemory", "ReferenceSymmetricMemory", "ReversedAllGatherSymmetricMemory",
+           "SkipPeerAllReduceSymmetricMemory", "StaleSignalSymmetricMemory", "UncheckedPeerSymmetricMemory",
+           "WorldRendezvousSymmetricMemory", "WrongPeerSymmetricMemory"]
 
 POSTED, CONSUMED = 0, 1
 
@@ -37,6 +48,8 @@ class ReferenceHandle:
     buffers: list   # every rank's buffer, mapped into this process
     pads: list      # every rank's signal pad: int64 [2, world] (posted, consumed) by source rank
     device: object
+    group: object = None  # the process group it was rendezvoused on
+    multicast_ptr: int = 1  # the reference "multicasts" by writing every member's buffer
 
 
 class ReferenceSymmetricMemory:
@@ -50,6 +63,8 @@ class ReferenceSymmetricMemory:
         self.dir = Path(ctx.shared_dir) / "symm-reference"
         self.dir.mkdir(exist_ok=True)
         self._files: dict[int, Path] = {}  # data_ptr of an allocated tensor -> its backing file
+        # (data_ptr, group name) -> (tensor, handle); holding the tensor keeps its address from being reused
+        self._handles: dict[tuple, tuple] = {}
 
     def _map(self, path: Path, numel: int, dtype):
         import torch
@@ -64,21 +79,25 @@ class ReferenceSymmetricMemory:
         self._files[tensor.data_ptr()] = path
         return tensor
 
-    def rendezvous(self, tensor):
+    def rendezvous(self, tensor, group=None):
         import torch
         import torch.distributed as dist
 
+        group = self.ctx.group if group is None else group
+        cached = self._handles.get((tensor.data_ptr(), group.group_name))
+        if cached is not None:  # as torch: a buffer rendezvoused again on its group gets the same handle
+            return cached[1]
         path = self._files.get(tensor.data_ptr())
         if path is None:
             raise ValueError("rendezvous: the tensor was not allocated by symmetric memory (allocate); "
                              "a plain tensor is not symmetric and cannot be shared with peers")
-        world, rank = self.ctx.world_size, self.ctx.rank
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
         pad_path = path.with_suffix(".pad")
         pad = self._map(pad_path, 2 * world, torch.int64).view(2, world)
         pad.zero_()
         mine = (str(path), str(pad_path), tuple(tensor.shape), str(tensor.dtype))
         everyone = [None] * world
-        dist.all_gather_object(everyone, mine, group=self.ctx.group)
+        dist.all_gather_object(everyone, mine, group=group)
         for peer, (_, _, shape, dtype) in enumerate(everyone):
             if shape != mine[2] or dtype != mine[3]:
                 raise ValueError(f"rendezvous: rank {peer} passed {shape} {dtype}, rank {rank} passed "
@@ -87,10 +106,12 @@ class ReferenceSymmetricMemory:
                    for peer, (p, _, _, _) in enumerate(everyone)]
         pads = [pad if peer == rank else self._map(Path(p), 2 * world, torch.int64).view(2, world)
                 for peer, (_, p, _, _) in enumerate(everyone)]
-        dist.barrier(group=self.ctx.group)  # every peer has mapped our files: unlink them now
+        dist.barrier(group=group)  # every peer has mapped our files: unlink them now
         os.unlink(path)
         os.unlink(pad_path)
-        return ReferenceHandle(rank, world, buffers, pads, tensor.device)
+        hdl = ReferenceHandle(rank, world, buffers, pads, tensor.device, group)
+        self._handles[(tensor.data_ptr(), group.group_name)] = (tensor, hdl)
+        return hdl
 
     def _check_peer(self, op: str, hdl: ReferenceHandle, peer: int) -> None:
         if not 0 <= peer < hdl.world_size:
@@ -129,6 +150,97 @@ class ReferenceSymmetricMemory:
         import torch.distributed as dist
 
         dist.barrier(group=self.ctx.group)
+
+    # -- the collectives on symmetric buffers, computed from the members' mapped buffers ------------
+    # Each one, as torch's ops: rendezvous the input on the group (a cached handle if it already is),
+    # wait until every member has arrived (their inputs are written), read the peers' buffers, and
+    # wait again before returning, so no member overwrites a buffer another is still reading.
+
+    def _sync(self, hdl: ReferenceHandle) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=hdl.group)
+
+    @staticmethod
+    def _reduce(tensors, reduce_op: str):
+        import torch
+
+        if reduce_op not in ("sum", "avg"):
+            raise ValueError(f"reduce_op ({reduce_op}) is not supported")
+        total = torch.stack(list(tensors)).sum(dim=0)
+        return total / len(tensors) if reduce_op == "avg" else total
+
+    def _reduce_of(self, hdl: ReferenceHandle, buffers, reduce_op: str):
+        """``buffers`` (the members', or views of them) reduced once every member has arrived."""
+        self._sync(hdl)
+        out = self._reduce(buffers, reduce_op)
+        self._sync(hdl)
+        return out
+
+    def one_shot_all_reduce(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._reduce_of(hdl, hdl.buffers, reduce_op)
+
+    def _reduce_in_place(self, hdl: ReferenceHandle, reduce_op: str, targets) -> None:
+        """Two-shot: this rank reduces its slice of every member's buffer and stores it in ``targets``
+        (every member's buffer), so after the second barrier every buffer holds the whole reduction."""
+        self._sync(hdl)
+        numel = hdl.buffers[hdl.rank].numel()
+        per_rank = -(-numel // hdl.world_size)
+        lo, hi = min(numel, per_rank * hdl.rank), min(numel, per_rank * (hdl.rank + 1))
+        part = self._reduce([b.view(-1)[lo:hi] for b in hdl.buffers], reduce_op)
+        for buffer in targets:
+            buffer.view(-1)[lo:hi].copy_(part)
+        self._sync(hdl)
+
+    def two_shot_all_reduce_(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        self._reduce_in_place(hdl, reduce_op, hdl.buffers)
+        return tensor
+
+    def multimem_all_reduce_(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        if not hdl.multicast_ptr:
+            raise RuntimeError("multimem_all_reduce_: multicast support is required.")
+        self._reduce_in_place(hdl, reduce_op, hdl.buffers)  # one "multicast" store per slice
+        return tensor
+
+    def _concat(self, hdl: ReferenceHandle, dim: int, order=None):
+        """The members' buffers (in ``order``, default rank order) concatenated along ``dim``."""
+        import torch
+
+        self._sync(hdl)
+        out = torch.cat([hdl.buffers[r].clone() for r in (order or range(hdl.world_size))], dim=dim)
+        self._sync(hdl)
+        return out
+
+    def low_contention_all_gather(self, tensor, group=None):
+        return self._concat(self.rendezvous(tensor, group), 0)
+
+    def _reduce_chunk(self, hdl: ReferenceHandle, chunk: int, reduce_op: str):
+        """Chunk ``chunk`` (of group-size chunks along dim 0) of every member's buffer, reduced."""
+        return self._reduce_of(hdl, [b.chunk(hdl.world_size)[chunk] for b in hdl.buffers], reduce_op)
+
+    def low_contention_reduce_scatter(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._reduce_chunk(hdl, hdl.rank, reduce_op)
+
+    def _gather(self, A, gather_dim: int, group):
+        """``A`` copied into a symmetric workspace (torch's op does the same for a plain ``A``) and every
+        member's workspace concatenated along ``gather_dim``."""
+        work = self.allocate(tuple(A.shape), A.dtype)
+        work.copy_(A)
+        return self._concat(self.rendezvous(work, group), gather_dim)
+
+    def fused_all_gather_matmul(self, A, Bs, gather_dim=0, return_A=True, group=None):
+        gathered = self._gather(A, gather_dim, group)
+        return (gathered if return_A else None), [gathered @ B for B in Bs]
+
+    def get_remote_tensors(self, tensor, group=None):
+        return list(self.rendezvous(tensor, group).buffers)
+
+    def unsupported(self, op, hdl=None):
+        return None
 
 
 # -- deliberately broken variants: each must make some suite body fail ------------------------------
@@ -174,3 +286,93 @@ class UncheckedPeerSymmetricMemory(ReferenceSymmetricMemory):
 
     def put_signal(self, src, hdl, peer):
         self._deliver(src, hdl, peer % hdl.world_size)
+
+
+class SkipPeerAllReduceSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``one_shot_all_reduce`` leaves out the last member's buffer."""
+
+    name = "broken: one-shot all_reduce that skips a peer"
+
+    def one_shot_all_reduce(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._reduce_of(hdl, hdl.buffers[:-1] or hdl.buffers, reduce_op)
+
+
+class LocalStoreTwoShotSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``two_shot_all_reduce_`` stores each reduced slice in its own buffer only, so every other
+    slice keeps this rank's input."""
+
+    name = "broken: two-shot all_reduce that stores its slice locally"
+
+    def two_shot_all_reduce_(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        self._reduce_in_place(hdl, reduce_op, [tensor])
+        return tensor
+
+
+class OutOfPlaceMultimemSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``multimem_all_reduce_`` returns the reduction in a new tensor and leaves its input as it was."""
+
+    name = "broken: multimem all_reduce that is not in place"
+
+    def multimem_all_reduce_(self, tensor, reduce_op="sum", group=None):
+        return self.one_shot_all_reduce(tensor, reduce_op, group)
+
+
+class NoMulticastSymmetricMemory(ReferenceSymmetricMemory):
+    """Not a bug: a machine without multicast, where the multimem test must skip saying why."""
+
+    name = "reference without multicast"
+
+    def unsupported(self, op, hdl=None):
+        if op == "multimem_all_reduce_":
+            return "multimem_all_reduce_ needs multicast: this reference has none"
+        return None
+
+
+class ReversedAllGatherSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``low_contention_all_gather`` concatenates the members' buffers in reverse rank order."""
+
+    name = "broken: all_gather in the wrong rank order"
+
+    def low_contention_all_gather(self, tensor, group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._concat(hdl, 0, list(reversed(range(hdl.world_size))))
+
+
+class OtherChunkReduceScatterSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``low_contention_reduce_scatter`` returns the next rank's chunk of the reduction."""
+
+    name = "broken: reduce_scatter that returns another rank's chunk"
+
+    def low_contention_reduce_scatter(self, tensor, reduce_op="sum", group=None):
+        hdl = self.rendezvous(tensor, group)
+        return self._reduce_chunk(hdl, (hdl.rank + 1) % hdl.world_size, reduce_op)
+
+
+class LocalShardMatmulSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``fused_all_gather_matmul`` gathers ``A`` but multiplies only the local shard."""
+
+    name = "broken: fused_all_gather_matmul that multiplies only the local shard"
+
+    def fused_all_gather_matmul(self, A, Bs, gather_dim=0, return_A=True, group=None):
+        gathered = self._gather(A, gather_dim, group)
+        return (gathered if return_A else None), [A @ B for B in Bs]
+
+
+class OwnBufferRemoteTensorsSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``get_remote_tensors`` returns this rank's own buffer for every peer."""
+
+    name = "broken: get_remote_tensors that returns the local buffer"
+
+    def get_remote_tensors(self, tensor, group=None):
+        return [tensor] * self.rendezvous(tensor, group).world_size
+
+
+class WorldRendezvousSymmetricMemory(ReferenceSymmetricMemory):
+    """Bug: ``rendezvous`` on a sub-group maps the world's ranks instead of the group's."""
+
+    name = "broken: sub-group rendezvous that maps the world"
+
+    def rendezvous(self, tensor, group=None):
+        return super().rendezvous(tensor, None)

@@ -8,6 +8,8 @@ with the specific complaint, on each deliberately broken variant.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from conformance.checks import ConformanceFailure
@@ -74,6 +76,67 @@ def test_broken_variant_is_caught(pool, broken, check, expected):
     assert expected in str(caught.value)
 
 
+@pytest.mark.parametrize("op", bodies.SYMM_OPS)
+def test_symm_op_passes_on_reference(pool, op):
+    bodies.check_symm_op(pool, REFERENCE, op)
+
+
+def test_fused_all_gather_matmul_passes_on_reference(pool):
+    bodies.check_fused_all_gather_matmul(pool, REFERENCE)
+
+
+def test_subgroup_rendezvous_passes_on_reference(pool):
+    bodies.check_subgroup_rendezvous(pool, REFERENCE)
+
+
+def test_multimem_skips_without_multicast_saying_why(pool):
+    impl = variant("NoMulticastSymmetricMemory")
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        bodies.check_symm_op(pool, impl, "multimem_all_reduce_")
+    assert str(skipped.value) == (f"symm_mem.multimem_all_reduce_ on 2 ranks over gloo (impl {impl}): unsupported "
+                                  "here: rank 0: multimem_all_reduce_ needs multicast: this reference has none")
+
+
+def _op(op):
+    return partial(bodies.check_symm_op, op=op)
+
+
+@pytest.mark.parametrize("broken, check, op, expected", [
+    pytest.param("SkipPeerAllReduceSymmetricMemory", _op("one_shot_all_reduce"), "one_shot_all_reduce",
+                 "rank 0: one_shot_all_reduce(sum): the returned tensor is wrong",
+                 id="one-shot-skips-a-peer"),
+    pytest.param("LocalStoreTwoShotSymmetricMemory", _op("two_shot_all_reduce_"), "two_shot_all_reduce_",
+                 "rank 0: two_shot_all_reduce_(sum): the returned tensor is wrong",
+                 id="two-shot-stores-locally"),
+    pytest.param("OutOfPlaceMultimemSymmetricMemory", _op("multimem_all_reduce_"), "multimem_all_reduce_",
+                 "rank 1: multimem_all_reduce_(sum): the input buffer afterwards (in place: the reduction) is wrong",
+                 id="multimem-not-in-place"),
+    pytest.param("ReversedAllGatherSymmetricMemory", _op("_low_contention_all_gather"), "_low_contention_all_gather",
+                 "rank 0: _low_contention_all_gather: the gathered tensor (every rank's input in rank order) is wrong",
+                 id="all-gather-wrong-order"),
+    pytest.param("OtherChunkReduceScatterSymmetricMemory", _op("_low_contention_reduce_scatter"),
+                 "_low_contention_reduce_scatter",
+                 "rank 1: _low_contention_reduce_scatter(sum): this rank's chunk of the sum is wrong",
+                 id="reduce-scatter-other-chunk"),
+    pytest.param("LocalShardMatmulSymmetricMemory", bodies.check_fused_all_gather_matmul, "fused_all_gather_matmul",
+                 "rank 0: fused_all_gather_matmul(gather_dim=0, return_A=True): the product with B1 (gathered A @ B1) "
+                 "is wrong: shape (8, 3), expected (16, 3)", id="matmul-of-the-local-shard"),
+    pytest.param("OwnBufferRemoteTensorsSymmetricMemory", _op("get_remote_tensors"), "get_remote_tensors",
+                 "rank 0: get_remote_tensors: the tensor for rank 1 (its buffer) is wrong", id="remote-is-own-buffer"),
+    pytest.param("WorldRendezvousSymmetricMemory", bodies.check_subgroup_rendezvous, "rendezvous(sub-group)",
+                 "rank 1: the handle of a rendezvous on the sub-group of ranks [1] says rank 1 of 2, "
+                 "expected rank 0 of 1",
+                 id="sub-group-maps-the-world"),
+])
+def test_broken_symm_op_is_caught(pool, broken, check, op, expected):
+    """Each message names the backend (gloo), the operation and the rank."""
+    with pytest.raises(ConformanceFailure) as caught:
+        check(pool, variant(broken))
+    message = str(caught.value)
+    assert message.startswith(f"symm_mem.{op} on 2 ranks over gloo (impl {variant(broken)}):\n"), message
+    assert expected in message, message
+
+
 def test_wrong_peer_also_starves_the_receiver(pool):
     with pytest.raises(ConformanceFailure) as caught:
         bodies.check_pairwise(pool, variant("WrongPeerSymmetricMemory"))
@@ -93,7 +156,8 @@ def test_resolve_names_the_interface():
     assert resolve("torch") is TorchSymmetricMemory
     with pytest.raises(ValueError, match="expected 'torch' or 'package.module:ATTRIBUTE'"):
         resolve("reference")
-    with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier"):
+    with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier, "
+                                        "one_shot_all_reduce, .*, get_remote_tensors, unsupported$"):
         resolve("tests.suites.symm_reference:ReferenceHandle")
 
 
