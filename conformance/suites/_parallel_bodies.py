@@ -31,14 +31,28 @@ def local_grads(model) -> dict:
             for name, p in model.named_parameters()}
 
 
-def _finalize_manually(model, wrapper, finish, work, before: list, after: list) -> None:
-    """Record this rank's gradients, do other work, ``finish(wrapper)``, record them again."""
+def _rows_like(pending: dict, final: dict, rank: int, world: int) -> dict:
+    """``pending`` (gradients before ``finalize_backward``) shaped like ``final`` (after it): a gradient
+    FSDP2 still held unsharded (its reduce-scatter pending) is cut to this rank's rows, the dim-0 chunk
+    that FSDP2 shards it to."""
+    shaped = dict(pending)
+    for name, g in pending.items():
+        if g is not None and final.get(name) is not None and g.shape != final[name].shape:
+            rows = g.chunk(world)
+            shaped[name] = rows[rank] if rank < len(rows) else g[:0]
+    return shaped
+
+
+def _finalize_manually(model, wrapper, finish, work, ctx, before: list, after: list) -> None:
+    """Record this rank's gradients, do other work, ``finish(wrapper)``, record them again (the first
+    record cut to the second's shapes, ``_rows_like``)."""
     import torch
 
-    before.append(local_grads(model))
+    pending = local_grads(model)
     torch.mm(work.t(), work)  # overlapped work between backward and finalization
     finish(wrapper)
     after.append(local_grads(model))
+    before.append(_rows_like(pending, after[-1], ctx.rank, ctx.world_size))
 
 
 # -- DDP ---------------------------------------------------------------------------------------------
@@ -78,7 +92,7 @@ def ddp(ctx, *, bucket_cap_mb: float = 25.0, unused: bool = False, no_sync: bool
         else:
             models.mse(wrapped(x), y).backward()
         if manual:
-            _finalize_manually(model, wrapped, finish, x, before, after)
+            _finalize_manually(model, wrapped, finish, x, ctx, before, after)
         grads.append(models.grads_of(model))
         opt.step()
     # Each rank's loss is its own part's: only gradients and parameters are compared with the reference.
@@ -160,7 +174,7 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
         opt.zero_grad(set_to_none=True)
         models.mse(model(_local(x, ctx.rank, ctx.world_size)), _local(y, ctx.rank, ctx.world_size)).backward()
         if manual:
-            _finalize_manually(model, model, finish, x, before, after)
+            _finalize_manually(model, model, finish, x, ctx, before, after)
         grads.append(models.grads_of(model))
         opt.step()
     run = models.record(grads, models.params_of(model), [])

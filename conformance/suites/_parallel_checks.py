@@ -95,12 +95,12 @@ def assert_runs_match(ranks, per_rank: list[dict], what: str, *, dtype: str = "f
 
 def finalization_problems(result: dict, tol) -> list[str]:
     """Manual finalization: before ``finalize_backward`` some gradient must still differ from what it
-    holds after (the last reduction's write-back is the caller's to trigger); whether the values after
-    are right is the record's own comparison."""
+    holds after (the last reduction's write-back is the caller's to trigger; an FSDP2 gradient still
+    unsharded then is recorded as this rank's rows of it); whether the values after are right is the
+    record's own comparison."""
     problems = []
     for step, (before, after) in enumerate(zip(result["before_finalize"], result["after_finalize"]), start=1):
-        final = [name for name, g in before.items()
-                 if g is not None and after.get(name) is not None and g.shape == after[name].shape
+        final = [name for name, g in before.items() if g is not None and after.get(name) is not None
                  and _tensor_problem(g, after[name], name, None) is None]
         if before and len(final) == len(before):
             problems.append(f"step {step}: finalize_backward changed no gradient ({', '.join(final[:3])}, ... hold "
