@@ -3,7 +3,8 @@
 Each test trains a small model (``_parallel_models``) for a few SGD steps over the pool's process group
 (``_parallel_bodies``) and compares every step's gradients and the final parameters with a single
 process on the concatenated batch, as the check's declared exactness says: bitwise on CPU where the
-addition order allows, else within the descriptor's ``tolerances`` (``_parallel_checks.EXACTNESS``). APIs a torch lacks are skipped with the version that added them.
+addition order allows, else within the descriptor's ``tolerances`` (``_parallel_checks.EXACTNESS``).
+APIs a torch lacks are skipped with the version that added them.
 """
 
 from __future__ import annotations

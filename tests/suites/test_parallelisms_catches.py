@@ -96,5 +96,6 @@ def test_an_fsdp_finalization_that_returns_before_the_reduction(ranks):
     assert message.startswith("FSDP2 fully_shard(manual=True) over gloo (")
     # fc0's gradient is the one still pending (unsharded) before finalize_backward: its rows are compared.
     assert ("rank 0: step 1: finalize_backward changed no gradient (fc0.weight, fc0.bias, fc1.weight, ... hold the "
-            "same values before and after it): the reduction was not deferred to it, or it wrote nothing back") in message
+            "same values before and after it): the reduction was not deferred to it, or it wrote nothing "
+            "back") in message
     assert "rank 0: step 1: gradient of fc0.weight (layer fc0) is wrong: " in message
