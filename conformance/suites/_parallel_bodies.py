@@ -2,10 +2,11 @@
 
 Each trains ``_parallel_models``' small model for a few SGD steps over the pool's process group and
 returns ``{"run": record, "reference": record, ...}`` where the reference trains the same initial model
-in this one process on the concatenated (global) batch, on the same device. The part a broken
+in this one process on the concatenated (global) batch, on the same device, adding its gradients in
+the run's order where it can (``data_parallel_step``; one backward per micro-batch). The part a broken
 stand-in replaces is named by import path (``"torch"``: the real thing): a DDP communication hook,
-the finalization call, the FSDP2 state-dict loader, the Megatron region's autograd functions, the
-pipeline's input feed.
+the finalization call, the FSDP2 state-dict loader and mixed-precision policy, the Megatron region's
+autograd functions, the pipeline's input feed.
 """
 
 from __future__ import annotations
@@ -31,14 +32,28 @@ def local_grads(model) -> dict:
             for name, p in model.named_parameters()}
 
 
-def _finalize_manually(model, wrapper, finish, work, before: list, after: list) -> None:
-    """Record this rank's gradients, do other work, ``finish(wrapper)``, record them again."""
+def _rows_like(pending: dict, final: dict, rank: int, world: int) -> dict:
+    """``pending`` (gradients before ``finalize_backward``) shaped like ``final`` (after it): a gradient
+    FSDP2 still held unsharded (its reduce-scatter pending) is cut to this rank's rows, the dim-0 chunk
+    that FSDP2 shards it to."""
+    shaped = dict(pending)
+    for name, g in pending.items():
+        if g is not None and final.get(name) is not None and g.shape != final[name].shape:
+            rows = g.chunk(world)
+            shaped[name] = rows[rank] if rank < len(rows) else g[:0]
+    return shaped
+
+
+def _finalize_manually(model, wrapper, finish, work, ctx, before: list, after: list) -> None:
+    """Record this rank's gradients, do other work, ``finish(wrapper)``, record them again (the first
+    record cut to the second's shapes, ``_rows_like``)."""
     import torch
 
-    before.append(local_grads(model))
+    pending = local_grads(model)
     torch.mm(work.t(), work)  # overlapped work between backward and finalization
     finish(wrapper)
     after.append(local_grads(model))
+    before.append(_rows_like(pending, after[-1], ctx.rank, ctx.world_size))
 
 
 # -- DDP ---------------------------------------------------------------------------------------------
@@ -78,12 +93,12 @@ def ddp(ctx, *, bucket_cap_mb: float = 25.0, unused: bool = False, no_sync: bool
         else:
             models.mse(wrapped(x), y).backward()
         if manual:
-            _finalize_manually(model, wrapped, finish, x, before, after)
+            _finalize_manually(model, wrapped, finish, x, ctx, before, after)
         grads.append(models.grads_of(model))
         opt.step()
     # Each rank's loss is its own part's: only gradients and parameters are compared with the reference.
     run = models.record(grads, models.params_of(model), [])
-    ref = models.train_reference(reference, batches)
+    ref = models.train_reference(reference, batches, data_parallel_step(ctx.world_size, parts=2 if no_sync else 1))
     ref["losses"] = []
     return {"run": run, "reference": ref, "before_finalize": before, "after_finalize": after}
 
@@ -93,34 +108,47 @@ def ddp(ctx, *, bucket_cap_mb: float = 25.0, unused: bool = False, no_sync: bool
 LAYERS = ("fc0", "fc1", "fc2", "head")
 
 
-def _shard(model, mesh, *, reshard_after_forward: bool = True, mixed_precision: bool = False):
+def _torch_policy(mixed_precision: bool):
+    """The contract's mixed precision: bfloat16 parameters, float32 reduction (else FSDP2's default)."""
     import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision
-              else MixedPrecisionPolicy())
+    return (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision
+            else MixedPrecisionPolicy())
+
+
+def _shard(model, mesh, *, reshard_after_forward: bool = True, policy=None):
+    from torch.distributed.fsdp import fully_shard
+
+    policy = _torch_policy(False) if policy is None else policy
     for name in LAYERS:
         fully_shard(getattr(model, name), mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
 
 
-def _mixed_precision_step(world: int):
-    """The reference's step under FSDP2's casts: each rank's part in a bfloat16 copy of the model (inputs
-    cast too), its bfloat16 gradients cast to float32 and averaged over the ranks."""
+def data_parallel_step(world: int, *, parts: int = 1, low=None):
+    """The reference's step, added up the way data parallelism adds it: each rank's chunk of the batch
+    gives that rank's gradients (in ``parts`` pieces, each loss divided by ``parts`` and accumulated, as
+    under ``no_sync``), which are summed in rank order and divided by the world size. ``low`` (FSDP2's
+    mixed precision): each chunk runs in a copy of the model cast to ``low`` (inputs cast too), its
+    gradients cast back to float32 before the sum."""
     import torch
 
     def step_loss(model, x, y):
-        total, grads = 0.0, {name: None for name, _ in model.named_parameters()}
+        total, summed = 0.0, {name: None for name, _ in model.named_parameters()}
         for xr, yr in zip(x.chunk(world), y.chunk(world)):
-            low = copy.deepcopy(model).to(torch.bfloat16)
-            loss = models.mse(low(xr.to(torch.bfloat16)), yr)
-            loss.backward()
-            total += float(loss)
-            for name, p in low.named_parameters():
-                g = p.grad.float()
-                grads[name] = g if grads[name] is None else grads[name] + g
+            mine = model if low is None else copy.deepcopy(model).to(low)
+            mine.zero_grad(set_to_none=True)
+            for xp, yp in zip(xr.chunk(parts), yr.chunk(parts)):
+                loss = models.mse(mine(xp if low is None else xp.to(low)), yp)
+                (loss / parts).backward()
+                total += float(loss) / parts
+            for name, p in mine.named_parameters():
+                if p.grad is not None:
+                    g = p.grad.float()
+                    summed[name] = g.clone() if summed[name] is None else summed[name] + g
         for name, p in model.named_parameters():
-            p.grad = grads[name] / world
+            p.grad = None if summed[name] is None else summed[name] / world
         return torch.tensor(total / world, device=x.device)
 
     return step_loss
@@ -137,8 +165,9 @@ def _local_shards(model) -> dict:
 
 
 def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = False, manual: bool = False,
-         state_dict: bool = False, finalize: str = "torch", loader: str = "torch") -> dict:
-    """FSDP2 (``fully_shard`` per layer and at the root) against the reference. ``manual``:
+         state_dict: bool = False, finalize: str = "torch", loader: str = "torch", policy: str = "torch") -> dict:
+    """FSDP2 (``fully_shard`` per layer and at the root, with ``policy(mixed_precision)``'s
+    ``MixedPrecisionPolicy``) against the reference. ``manual``:
     ``set_manual_backward_finalization`` (torch >= 2.15). ``state_dict``: after training, the full state
     dict must hold the trained parameters, and loading it into a differently initialised sharded model
     (``loader``) must give back every rank's shards."""
@@ -149,7 +178,8 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     model = models.net(ctx.device)
     reference = copy.deepcopy(model)
-    _shard(model, mesh, reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
+    mp_policy = resolve(policy, _torch_policy, "mixed-precision policy")(mixed_precision)
+    _shard(model, mesh, reshard_after_forward=reshard_after_forward, policy=mp_policy)
     finish = resolve(finalize, _torch_finalize, "finalization")
     if manual:
         model.set_manual_backward_finalization(True)
@@ -160,11 +190,11 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
         opt.zero_grad(set_to_none=True)
         models.mse(model(_local(x, ctx.rank, ctx.world_size)), _local(y, ctx.rank, ctx.world_size)).backward()
         if manual:
-            _finalize_manually(model, model, finish, x, before, after)
+            _finalize_manually(model, model, finish, x, ctx, before, after)
         grads.append(models.grads_of(model))
         opt.step()
     run = models.record(grads, models.params_of(model), [])
-    step = _mixed_precision_step(ctx.world_size) if mixed_precision else None
+    step = data_parallel_step(ctx.world_size, low=torch.bfloat16 if mixed_precision else None)
     ref = models.train_reference(reference, batches, step)
     ref["losses"] = []
     result = {"run": run, "reference": ref, "before_finalize": before, "after_finalize": after,
@@ -173,7 +203,7 @@ def fsdp(ctx, *, reshard_after_forward: bool = True, mixed_precision: bool = Fal
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         result["full_state_dict"] = {name: t.detach().cpu().clone() for name, t in full.items()}
         fresh = models.net(ctx.device, seed=7)
-        _shard(fresh, mesh, reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
+        _shard(fresh, mesh, reshard_after_forward=reshard_after_forward, policy=mp_policy)
         resolve(loader, _torch_load_full, "state-dict loader")(fresh, full)
         result["loaded_shards"] = _local_shards(fresh)
     return result
@@ -334,12 +364,12 @@ def pipeline(ctx, *, schedule: str = "ScheduleGPipe", feed: str = "torch") -> di
 
     parts: list = []
 
-    def step_loss(m, xs, ys):  # the unsplit model, its loss the mean of the micro-batches' (each recorded)
-        losses = [models.mse(m(xm), ym) for xm, ym in zip(xs.chunk(MICROBATCHES), ys.chunk(MICROBATCHES))]
-        parts.extend(float(loss) for loss in losses)
-        total = sum(losses) / MICROBATCHES
-        total.backward()
-        return total
+    def step_loss(m, xs, ys):  # the unsplit model, one backward per micro-batch in order (each loss recorded)
+        for xm, ym in zip(xs.chunk(MICROBATCHES), ys.chunk(MICROBATCHES)):
+            loss = models.mse(m(xm), ym)
+            parts.append(float(loss))
+            (loss / MICROBATCHES).backward()
+        return sum(parts) / MICROBATCHES
 
     ref = models.train_reference(reference, [(x, y)], step_loss)
     ref = models.record([{n: g for n, g in ref["grads"][0].items() if n in names}], {},

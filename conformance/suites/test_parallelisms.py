@@ -2,8 +2,9 @@
 
 Each test trains a small model (``_parallel_models``) for a few SGD steps over the pool's process group
 (``_parallel_bodies``) and compares every step's gradients and the final parameters with a single
-process on the concatenated batch: bitwise on CPU, within the descriptor's ``tolerances`` elsewhere
-(``_parallel_checks``). APIs a torch lacks are skipped with the version that added them.
+process on the concatenated batch, as the check's declared exactness says: bitwise on CPU where the
+addition order allows, else within the descriptor's ``tolerances`` (``_parallel_checks.EXACTNESS``).
+APIs a torch lacks are skipped with the version that added them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 
 from conformance import min_ranks, requires, world_size
 from conformance.suites import _parallel_bodies as bodies
-from conformance.suites._parallel_checks import assert_runs_match, finalization_problems, shard_problems
+from conformance.suites._parallel_checks import (assert_runs_match, finalization_problems, mixed_precision_problems,
+                                                  shard_problems)
 
 pytestmark = [requires("parallelisms"), min_ranks(2)]
 
@@ -42,7 +44,7 @@ def check_ddp(ranks, *, hook: str = "torch", finalize: str = "torch", **options)
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
     manual = options.get("manual", False)
     assert_runs_match(ranks, ranks.run(bodies.ddp, hook=hook, finalize=finalize, **options),
-                      f"DDP({shown})" + (" after finalize_backward" if manual else ""),
+                      f"DDP({shown})" + (" after finalize_backward" if manual else ""), exactness="ddp",
                       problems=finalization_problems if manual else None)
 
 
@@ -67,15 +69,18 @@ def test_ddp_manual_finalization(ranks):
 
 # -- FSDP2 -------------------------------------------------------------------------------------------
 
-def check_fsdp(ranks, *, finalize: str = "torch", loader: str = "torch", **options) -> None:
+def check_fsdp(ranks, *, finalize: str = "torch", loader: str = "torch", policy: str = "torch", **options) -> None:
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
     extra = []
     if options.get("manual"):
         extra.append(finalization_problems)
     if options.get("state_dict"):
         extra.append(shard_problems)
-    assert_runs_match(ranks, ranks.run(bodies.fsdp, finalize=finalize, loader=loader, **options),
-                      f"FSDP2 fully_shard({shown})", dtype="bfloat16" if options.get("mixed_precision") else "float32",
+    if options.get("mixed_precision"):
+        extra.append(mixed_precision_problems)
+    assert_runs_match(ranks, ranks.run(bodies.fsdp, finalize=finalize, loader=loader, policy=policy, **options),
+                      f"FSDP2 fully_shard({shown})",
+                      exactness="fsdp_mixed_precision" if options.get("mixed_precision") else "fsdp",
                       problems=(lambda result, tol: [p for check in extra for p in check(result, tol)]))
 
 
@@ -102,7 +107,7 @@ def test_fsdp_state_dict_round_trip(ranks):
 
 def check_tensor_parallel(ranks, style: str, region: str = "torch") -> None:
     assert_runs_match(ranks, ranks.run(bodies.tensor_parallel, style=style, region=region),
-                      f"tensor parallelism ({style}: fc1 colwise, fc2 rowwise)")
+                      f"tensor parallelism ({style}: fc1 colwise, fc2 rowwise)", exactness="tensor_parallel")
 
 
 @pytest.mark.parametrize("style", ["parallelize_module", "megatron"])
@@ -119,7 +124,8 @@ def check_pipeline(ranks, schedule: str, feed: str = "torch") -> None:
     per_rank = ranks.run(bodies.pipeline, schedule=schedule, feed=feed)
     for result in per_rank:
         result["steps_named"] = "micro-batch"
-    assert_runs_match(ranks, per_rank, f"pipelining ({schedule}, {bodies.MICROBATCHES} micro-batches)")
+    assert_runs_match(ranks, per_rank, f"pipelining ({schedule}, {bodies.MICROBATCHES} micro-batches)",
+                      exactness="pipeline")
 
 
 @pytest.mark.parametrize("schedule", ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"])
@@ -131,4 +137,5 @@ def test_pipeline(ranks, schedule):
 
 @world_size(4)
 def test_fsdp_tensor_parallel_2d_mesh(ranks):
-    assert_runs_match(ranks, ranks.run(bodies.fsdp_tp), "FSDP2 (dp) x tensor parallelism (tp) on a 2 x 2 mesh")
+    assert_runs_match(ranks, ranks.run(bodies.fsdp_tp), "FSDP2 (dp) x tensor parallelism (tp) on a 2 x 2 mesh",
+                      exactness="fsdp_tp")

@@ -79,3 +79,11 @@ def finalize_before_the_reduction(module) -> None:
                 rows = grad.chunk(mesh.size())[mesh.get_local_rank()]
                 local.zero_()
                 local[:rows.shape[0]].copy_(rows)
+
+
+def bfloat16_reduce(mixed_precision: bool):
+    """An FSDP2 mixed-precision policy that reduces in bfloat16 instead of the contract's float32."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)

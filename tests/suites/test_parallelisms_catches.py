@@ -1,7 +1,8 @@
 """The parallelisms suite catches what it claims, each with its own message: a Megatron region without
 its backward all-reduce (the layer before it and its gradients named), a DDP hook that returns a
 bucket's gradients in the wrong order, an FSDP2 loader
-that shards as if nothing needed padding (the uneven parameter named), a pipeline whose first stage
+that shards as if nothing needed padding (the uneven parameter named), an FSDP2 mixed-precision policy
+that reduces in bfloat16 (the gradients holding only bfloat16 values named), a pipeline whose first stage
 reorders its micro-batches (the micro-batch named), and a finalization that returns before the
 reduction (DDP and FSDP2, torch >= 2.15).
 
@@ -48,6 +49,18 @@ def test_an_fsdp_shard_that_drops_the_padding_names_the_uneven_parameter(ranks):
     assert "fc1.weight after loading" not in message  # 12 rows divide by 2 and 4: floor is right there
 
 
+def test_an_fsdp_mixed_precision_policy_that_reduces_in_bfloat16_is_named(ranks):
+    with pytest.raises(ConformanceFailure) as caught:
+        suite.check_fsdp(ranks, mixed_precision=True, policy=BROKEN + "bfloat16_reduce")
+    message = str(caught.value)
+    assert message.startswith(f"FSDP2 fully_shard(mixed_precision=True) over gloo ({ranks.world_size} ranks) differs "
+                              "from the single-process reference, compared bitwise (exactness "
+                              "'fsdp_mixed_precision', CPU at ")
+    assert ("rank 0: step 1: gradients of fc0.weight, fc0.bias, fc1.weight, ... hold only bfloat16 values, the "
+            "reference's float32 reduction does not: they were reduced in bfloat16, not in the policy's float32 "
+            "reduce_dtype") in message
+
+
 def test_a_stage_that_reorders_micro_batches_names_the_micro_batch(ranks):
     last = ranks.world_size - 1
     with pytest.raises(ConformanceFailure, match=rf"pipelining \(ScheduleGPipe, 4 micro-batches\) over gloo "
@@ -77,6 +90,12 @@ def test_a_ddp_finalization_that_returns_before_the_reduction(ranks):
 
 def test_an_fsdp_finalization_that_returns_before_the_reduction(ranks):
     _needs_manual_finalization()
-    with pytest.raises(ConformanceFailure, match=r"FSDP2 fully_shard\(manual=True\) over gloo .*\n  rank 0: step "
-                                                 r"1: gradient of fc0\.weight \(layer fc0\) is "):
+    with pytest.raises(ConformanceFailure) as caught:
         suite.check_fsdp(ranks, manual=True, finalize=BROKEN + "finalize_before_the_reduction")
+    message = str(caught.value)
+    assert message.startswith("FSDP2 fully_shard(manual=True) over gloo (")
+    # fc0's gradient is the one still pending (unsharded) before finalize_backward: its rows are compared.
+    assert ("rank 0: step 1: finalize_backward changed no gradient (fc0.weight, fc0.bias, fc1.weight, ... hold the "
+            "same values before and after it): the reduction was not deferred to it, or it wrote nothing "
+            "back") in message
+    assert "rank 0: step 1: gradient of fc0.weight (layer fc0) is wrong: " in message
