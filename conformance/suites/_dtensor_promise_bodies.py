@@ -158,8 +158,9 @@ def _first_piece(dtensor, how: str):
     return torch.split(dtensor, 2, dim=0)[0] if how == "split" else dtensor.unbind(0)[0]
 
 
-LOCAL_GRADIENT_CASES = ("mixed_paths", "unused_dtensor_path", "allow_unused", "unused_split_output",
-                        "unused_unbind_output")
+# Each case and the gradients it asks for, in the order its record lists them.
+LOCAL_GRADIENT_CASES = {"mixed_paths": ["x.grad"], "unused_dtensor_path": ["x.grad"], "allow_unused": ["a's", "b's"],
+                        "unused_split_output": ["the input's"], "unused_unbind_output": ["the input's"]}
 
 
 def local_gradients_on_rank(ctx, case: str, to_local: str = "dtensor", from_local: str = "dtensor",

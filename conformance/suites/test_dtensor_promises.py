@@ -142,10 +142,6 @@ def test_mesh_slicing_and_flattening(ranks):
     check_mesh_slices(ranks)
 
 
-_LOCAL_GRADIENT_NAMES = {"mixed_paths": ["x.grad"], "unused_dtensor_path": ["x.grad"], "allow_unused": ["a's", "b's"],
-                         "unused_split_output": ["the input's"], "unused_unbind_output": ["the input's"]}
-
-
 def check_local_gradients(ranks, case, to_local="dtensor", from_local="dtensor", splitter="dtensor"):
     results = ranks.run(bodies.local_gradients_on_rank, case, to_local=to_local, from_local=from_local,
                         splitter=splitter)
@@ -155,7 +151,7 @@ def check_local_gradients(ranks, case, to_local="dtensor", from_local="dtensor",
         if "error" in record:
             problems.append(f"rank {rank}: backward raised {record['error']}")
             continue
-        for name, got, want in zip(_LOCAL_GRADIENT_NAMES[case], record["grads"], wants):
+        for name, got, want in zip(bodies.LOCAL_GRADIENT_CASES[case], record["grads"], wants):
             if want is None and got is not None:
                 problems.append(f"rank {rank}: {name} gradient should be None (allow_unused), got {got!r}")
             elif want is not None and got is None:
@@ -165,6 +161,6 @@ def check_local_gradients(ranks, case, to_local="dtensor", from_local="dtensor",
     raise_problems(problems, f"DTensor gradients across from_local/to_local ({case}) over {ranks.backend}")
 
 
-@pytest.mark.parametrize("case", bodies.LOCAL_GRADIENT_CASES)
+@pytest.mark.parametrize("case", list(bodies.LOCAL_GRADIENT_CASES))
 def test_gradients_across_from_local_and_to_local(ranks, case):
     check_local_gradients(ranks, case)
