@@ -191,13 +191,22 @@ if needs symm-error-cases 2; then
 fi
 
 # -- what an expected-raise test costs: the process group is replaced after each ---------------------------
-"$PY" - "$BACKEND" >"$OUT/reset.txt" 2>&1 <<'PYEOF'
+# The rank function lives in a module of its own: ranks import what they run by name, and a script read
+# from standard input has none.
+mkdir -p "$OUT/rank_functions"
+cat >"$OUT/rank_functions/device_check_ranks.py" <<'PYEOF'
+def raise_on_ranks(ctx, failing):
+    if ctx.rank in failing:
+        raise ValueError(f"deliberate failure on rank {ctx.rank}")
+    return ctx.rank
+PYEOF
+PYTHONPATH="$OUT/rank_functions:$PYTHONPATH" "$PY" - "$BACKEND" >"$OUT/reset.txt" 2>&1 <<'PYEOF'
 import sys
 import time
 
 from conformance.ranks import RankError
 from conformance.session import ConformanceSession, RunOptions
-from tests.conformance.rank_functions import raise_on_ranks
+from device_check_ranks import raise_on_ranks
 
 session = ConformanceSession.create(RunOptions(backend=sys.argv[1], world_size=1))
 try:

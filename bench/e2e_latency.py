@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.e2e_loop import AUDIENCE, BACKEND, BACKEND_REPO, Loop  # noqa: E402
 from conformance.callback import build_parser, run_callback  # noqa: E402
-from relay.testing.reports import conformance_report  # noqa: E402
+from relay.testing.sample_report import conformance_report  # noqa: E402
 
 # GitHub's sample webhook payloads (the relay's tests read them from the same place).
 PAYLOADS_DIR = Path(os.environ.get("RELAY_TEST_PAYLOADS_DIR") or ROOT.parent / "shared" / "github-payloads")

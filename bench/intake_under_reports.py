@@ -30,7 +30,7 @@ import httpx
 
 from relay.testing import FakeGitHub
 from relay.testing.relay_process import RelayProcess
-from relay.testing.reports import conformance_report
+from relay.testing.sample_report import conformance_report
 from relay_intake import _drop, _postgres_url  # bench/relay_intake.py: a fresh PostgreSQL database per run
 
 SECRET = "bench-secret"

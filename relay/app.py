@@ -1,6 +1,6 @@
 """The relay's FastAPI application: ``create_app(settings)`` builds the parts and lists every router.
 
-Triggered by ``relay serve`` (uvicorn) and by tests. The parts (:mod:`relay.parts`) are built from the
+Triggered by ``relay serve`` (uvicorn) and by tests. The parts (:mod:`relay.assembly`) are built from the
 settings and the backend descriptors (the allowlist); at start-up the app migrates the store, records
 the allowlist in it and starts the background workers; at shutdown it stops them (in-flight calls
 finish) and closes the store. The descriptors are read again on SIGHUP and when their files change
@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from relay import dashboard
 from relay.github import DispatchSender
 from relay.intake import routes as intake_routes
-from relay.parts import build_parts
+from relay.assembly import build_parts
 from relay.results import routes as callback_routes
 from relay.settings import Settings
 from relay.store import StoreRefused, StoreUnavailable

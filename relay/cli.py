@@ -46,7 +46,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from relay.app import create_app
     from relay.logs import configure_logging
-    from relay.parts import parts_of
+    from relay.assembly import parts_of
     from relay.store import StoreUnavailable
     from relay.web.serving import uvicorn_options
 
@@ -70,7 +70,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _levels_arguments(parser: argparse.ArgumentParser) -> None:
-    from relay.levels.commands import arguments
+    from relay.levels.command_line import arguments
 
     arguments(parser)
 
@@ -78,7 +78,7 @@ def _levels_arguments(parser: argparse.ArgumentParser) -> None:
 @subcommand("levels", "level review (each backend against its level criteria, promotion/demotion advice) "
                       "and restore (end a backend's level hold)", _levels_arguments)
 def levels(args: argparse.Namespace) -> int:
-    from relay.levels.commands import levels_command
+    from relay.levels.command_line import levels_command
 
     return levels_command(args)
 

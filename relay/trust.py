@@ -47,8 +47,6 @@ from conformance.descriptors import (
     BackendDescriptor, DescriptorError, QuarantinedTest, TrustLevel, load_descriptor,
 )
 
-from relay.events import UpstreamEvent
-
 __all__ = [
     "LEVELS",
     "LEVEL_CRITERIA",
@@ -58,6 +56,7 @@ __all__ = [
     "Measure",
     "PR_ACTIONS",
     "QuarantinedTest",
+    "RoutedEvent",
     "RELEASE_AFTER_PASSES",
     "BackendTarget",
     "Comparison",
@@ -74,6 +73,19 @@ __all__ = [
     "suspends_blocking",
     "switches",
 ]
+
+
+class RoutedEvent(Protocol):
+    """What routing reads of an upstream event (intake's ``UpstreamEvent`` is one); trust names no flow."""
+
+    event: str
+    action: str | None
+    changed_label: str | None
+    head_ref: str | None
+    deleted: bool
+
+    @property
+    def kind(self) -> str: ...
 
 
 class DisplayOnPR(str, enum.Enum):
@@ -358,7 +370,7 @@ def load_allowlist(backends_dir: Path, *, active: Iterable[str] = ()) -> tuple[B
     return tuple(targets)
 
 
-def route(event: UpstreamEvent, targets: Iterable[BackendTarget]) -> tuple[list[BackendTarget], str | None]:
+def route(event: RoutedEvent, targets: Iterable[BackendTarget]) -> tuple[list[BackendTarget], str | None]:
     """route(event, targets) -> (targets to dispatch to, reason when there are none)."""
     forwarding = [t for t in targets if t.forwards]
     if event.event == "push" and event.deleted:

@@ -68,3 +68,28 @@ def test_every_path_the_docs_name_exists():
     missing = [f"{document.relative_to(ROOT)}: {path}" for document in documents
                for path in sorted(_named_paths(document) - set(_ELSEWHERE)) if not (ROOT / path).exists()]
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+# A path named from inside a package (``store/facade.py``, ``results/receiver.py``), as the guides to the
+# code do: it must exist under the root or under one of the packages.
+_RELATIVE_PATH = re.compile(r"(?<![\w./:-])\w[\w-]*(?:/[\w.-]+)+\.(?:py|yaml|yml|json|sh|md)\b")
+_SEARCHED = (ROOT, ROOT / "relay", ROOT / "conformance", ROOT / "tests")
+_OUTSIDE_THIS_TREE = {
+    "torch/distributed/tensor/_nonlinear_redux.py": "torch's own source (known-bugs.md)",
+    "backends/privateuse1.yaml": "an out-of-tree backend's descriptor, in its repository (onboarding.md, suite-authors.md)",
+    "owner/repo/.github/workflows/file.yml": "the form of an OIDC token's workflow reference (relay-security.md)",
+    "ci/cuda.yaml": "a backend repository's own file (trust-levels.md)",
+}
+
+
+def test_every_path_named_inside_a_package_exists():
+    documents = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    missing = []
+    for document in documents:
+        for match in _RELATIVE_PATH.finditer(document.read_text()):
+            path = match.group(0)
+            if path in _OUTSIDE_THIS_TREE or path in _ELSEWHERE:
+                continue
+            if not any((base / path).exists() for base in _SEARCHED):
+                missing.append(f"{document.relative_to(ROOT)}: {path}")
+    assert not missing, "paths named in the docs that exist under no package:\n" + "\n".join(missing)

@@ -11,13 +11,13 @@ chart script and the vendored uPlot chart library. The dashboard only reads the 
 from fastapi import APIRouter
 from fastapi.staticfiles import StaticFiles
 
-from relay.dashboard import backend, overview, pull_request, run_page, tests_page
+from relay.dashboard import backend_page, overview_page, pull_request_page, run_page, tests_page
 from relay.dashboard.rendering import STATIC_DIR
 
 __all__ = ["router", "static_files"]
 
 router = APIRouter()
-for _page in (overview, backend, pull_request, tests_page, run_page):
+for _page in (overview_page, backend_page, pull_request_page, tests_page, run_page):
     router.include_router(_page.router)
 
 

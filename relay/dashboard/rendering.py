@@ -1,7 +1,7 @@
 """What every dashboard page shares: the Jinja2 environment (autoescaping on), the request's context
 (store, visible backends, level criteria), and small formatting helpers.
 
-Read by each page module; reads the app's parts (``relay.parts.parts_of``); writes nothing.
+Read by each page module; reads the app's parts (``relay.assembly.parts_of``); writes nothing.
 Every string that came from outside (PR titles, test ids, failure messages, run URLs) reaches HTML
 only through Jinja2 with autoescaping, and reaches scripts only through ``tojson`` inside a
 ``<script type="application/json">`` block, which escapes ``<``, ``>`` and ``&``.
@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from relay.levels.review import criteria_from_settings
-from relay.parts import parts_of
+from relay.assembly import parts_of
 from relay.trust import BackendTarget, LevelCriteria, TrustLevel
 
 if TYPE_CHECKING:

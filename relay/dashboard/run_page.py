@@ -6,14 +6,17 @@ writes nothing.
 
 from __future__ import annotations
 
-from typing import Annotated
+import datetime as dt
+import typing
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from relay.dashboard.rendering import DashboardContext, context, iso, render
 from relay.store.per_test_results import FAILING_OUTCOMES
+from relay.store.runs import RunView
 
 router = APIRouter()
 
@@ -26,38 +29,39 @@ class Failure(BaseModel):
     message: str
 
 
-class RunPage(BaseModel):
-    run: int
-    backend: str
-    level: str
-    event: str
-    upstream_repository: str
-    pr_number: int | None
-    title: str | None
-    head_sha: str
-    head_ref: str | None
-    run_id: int | None
-    run_attempt: int | None
-    run_url: str | None
-    state: str
-    conclusion: str | None
-    outcome: str
-    reason: str | None
-    dispatched_at: str | None
-    started_at: str | None
-    finished_at: str | None
-    queue_seconds: float | None
-    execution_seconds: float | None
-    torch_version: str | None
-    torch_git_version: str | None = Field(description="the commit the tested torch was built from (the report's)")
-    provenance: str | None = Field(description="matched | mismatched | unknown against head_sha; null without a report")
-    provenance_problem: str | None = Field(description="why this is not a result for head_sha, when it is not")
-    counts: dict[str, int]
-    suites: dict[str, dict[str, int]]
-    failures: list[Failure]
+# The page is the store's run view (relay.store.runs.RunView): its fields and properties, read as they
+# are, with its times in ISO form. Left out: the store's own keys and what the page shows in another form.
+_NOT_SHOWN = {"id", "dispatch_id", "delivery_id", "updated_at", "summary"}
+_DESCRIPTIONS = {
+    "torch_git_version": "the commit the tested torch was built from (the report's)",
+    "provenance": "matched | mismatched | unknown against head_sha; null without a report",
+    "provenance_problem": "why this is not a result for head_sha, when it is not",
+}
 
 
-_TIMES = ("dispatched_at", "started_at", "finished_at")
+def _is_time(annotation: Any) -> bool:
+    return annotation is dt.datetime or dt.datetime in typing.get_args(annotation)
+
+
+def _view_fields() -> dict[str, Any]:
+    """RunView's fields and properties as the page's: name -> (type, Field); a time becomes its ISO text."""
+    hints = typing.get_type_hints(RunView)
+    for name, member in vars(RunView).items():
+        if isinstance(member, property):
+            hints[name] = typing.get_type_hints(member.fget)["return"]
+    return {name: (str | None if _is_time(hint) else hint, Field(description=_DESCRIPTIONS.get(name)))
+            for name, hint in hints.items() if name not in _NOT_SHOWN}
+
+
+_SHOWN = _view_fields()
+_TIMES = tuple(name for name, hint in typing.get_type_hints(RunView).items() if name in _SHOWN and _is_time(hint))
+
+RunPage = create_model(
+    "RunPage",
+    run=(int, ...), level=(str, Field(description="the backend's trust level")),
+    **_SHOWN,
+    counts=(dict[str, int], ...), suites=(dict[str, dict[str, int]], ...), failures=(list[Failure], ...),
+)
 
 
 def build(ctx: DashboardContext, run_pk: int) -> RunPage:
@@ -66,9 +70,7 @@ def build(ctx: DashboardContext, run_pk: int) -> RunPage:
         raise HTTPException(404, f"no run {run_pk} on the dashboard")
     failures = ctx.store.test_results([run.id], FAILING_OUTCOMES)
     summary = run.summary or {}
-    # The page is the store's run view (every field of RunPage it has, read as it is), with times in
-    # ISO form, the backend's level, the report's counts and the failing tests.
-    shown = {name: getattr(run, name) for name in RunPage.model_fields if hasattr(run, name)}
+    shown = {name: getattr(run, name) for name in _SHOWN}
     return RunPage(**{
         **shown, "run": run.id, "level": ctx.backends[run.backend].level.value,
         **{name: iso(getattr(run, name)) for name in _TIMES},

@@ -8,7 +8,7 @@ its rows is done), then wakes the dispatcher. Nothing is sent to GitHub here.
 The :func:`verified_webhook` dependency runs before the handler, so no handler can forget it: body
 size cap (413), then the signature in constant time against every configured secret (401), then the
 other headers (400), content type (415) and JSON (400: not JSON, nested deeper than 64 levels, or a
-string that is not valid Unicode). :func:`relay.events.normalise` then checks every field the relay
+string that is not valid Unicode). :func:`relay.intake.events.normalise` then checks every field the relay
 keeps (types, integer ranges, lengths, 40-hex shas). Answers:
 
     200 {"status": "pong"}                         ping
@@ -39,9 +39,9 @@ from typing import Annotated, Any, Protocol
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from relay import events as events_mod
 from relay import trust
-from relay.events import PayloadError, UpstreamEvent
+from relay.intake import events as events_mod
+from relay.intake.events import PayloadError, UpstreamEvent
 from relay.metrics import Metrics
 from relay.settings import Settings
 from relay.store import NewDelivery, NewDispatch, PullRequestSnapshot, Store, StoreRefused, StoreUnavailable
@@ -63,7 +63,7 @@ class _Results(Protocol):
 
 
 class IntakeParts(Protocol):
-    """What intake reads of the app's parts (:class:`relay.parts.RelayParts` has them), per request."""
+    """What intake reads of the app's parts (:class:`relay.assembly.RelayParts` has them), per request."""
 
     settings: Settings
     secrets: list[bytes]

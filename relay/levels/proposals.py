@@ -1,7 +1,7 @@
 """Proposals: level changes and quarantine releases as pull requests on the descriptor repository.
 
 Triggered every ``RELAY_PROPOSALS_INTERVAL_SECONDS`` by its own thread (started with the app when
-``RELAY_PROPOSALS_REPOSITORY`` is set), or once by ``relay levels propose`` (:mod:`relay.levels.commands`). Reads the level review
+``RELAY_PROPOSALS_REPOSITORY`` is set), or once by ``relay levels propose`` (:mod:`relay.levels.command_line`). Reads the level review
 (:func:`relay.levels.review.recommend` over the store's runs), the quarantine entries of the loaded
 descriptors and their tests' newest results, and the level holds; writes only to GitHub, through
 :mod:`relay.github` (branch, file update, pull request). Nothing happens without a repository.

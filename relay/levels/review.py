@@ -1,6 +1,6 @@
 """Level review: each backend's runs measured against its level's criteria, and what its level should be.
 
-Triggered by ``relay levels review`` (:mod:`relay.levels.commands`), the level watch (:mod:`relay.levels.watch`) and the dashboard
+Triggered by ``relay levels review`` (:mod:`relay.levels.command_line`), the level watch (:mod:`relay.levels.watch`) and the dashboard
 (overview and backend pages). Reads finished runs from the store; writes nothing: promotion and
 demotion stay reviewed changes to the backend files, this only recommends them (``relay levels
 restore <backend>`` ends a backend's level hold: a person's decision, stored with the hold). The
@@ -11,7 +11,7 @@ data); one that meets every ``hold`` and ``entry`` criterion of the level above 
 promotion, except to a level whose check blocks PRs, which is left to the maintainers.
 
 Counting: a run counts once finished (``completed``, ``timed_out``); ``success`` of the dispatched
-commit's torch is a success, every other conclusion, a success of another torch (relay.provenance)
+commit's torch is a success, every other conclusion, a success of another torch (conformance.provenance)
 and every time-out is not; cancelled runs (superseded by a newer run, or the PR was closed) never
 count. End to end is ``finished_at - dispatched_at`` (queue + execution); a time-out is over the
 time limit whatever its times say.

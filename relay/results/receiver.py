@@ -3,7 +3,7 @@
 Called by ``POST /github/callback`` (:mod:`relay.results.routes`) with a caller that route verified
 (:mod:`relay.results.oidc`) and the body it read. Reads the dispatch the nonce names and the run record;
 writes the run's state, times, per-test results and whether the report's torch is the dispatched commit
-(:mod:`relay.provenance`), in one transaction through :mod:`relay.store`, then says the run changed
+(:mod:`conformance.provenance`), in one transaction through :mod:`relay.store`, then says the run changed
 (``on_run_changed``: reporting looks). Every refusal is a :class:`CallbackRejected` with its status, code
 and a sentence saying what to fix (the table is in :mod:`relay.results.routes`).
 """
@@ -24,7 +24,7 @@ from conformance.report import ReportValidationError, validate_report
 from relay.web.json_input import JsonRefused, load_json
 from relay.results import fixed_entries
 from relay.results.oidc import Caller, CallerAuth
-from relay.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
+from relay.store.run_states import CONCLUSIONS, RunState, TransitionRefused, state_for_conclusion
 from relay.store.results_operations import CallbackUpdate
 from relay.store.per_test_results import NewTestResult
 

@@ -56,7 +56,7 @@ log = logging.getLogger("relay.callbacks")
 
 
 class CallbackParts(Protocol):
-    """What the callback route reads of the app's parts (:class:`relay.parts.RelayParts` has them)."""
+    """What the callback route reads of the app's parts (:class:`relay.assembly.RelayParts` has them)."""
 
     settings: Settings
     callbacks: CallbackService

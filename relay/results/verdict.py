@@ -21,7 +21,7 @@ this module reads and writes nothing. What appears upstream (``decide``) is the 
 * Any level that shows: a run whose only failing tests are quarantined for its backend (the descriptor's
   ``relay.quarantine``, until each entry's expiry) concludes ``success``; the summary lists those
   failures apart, and always says how many failures were quarantined.
-* Any level that shows: a run whose report's torch is not the dispatched commit (:mod:`relay.provenance`)
+* Any level that shows: a run whose report's torch is not the dispatched commit (:mod:`conformance.provenance`)
   is never a pass: ``failure`` where the backend blocks (L4), ``neutral`` where it does not (L3), and the
   text says which torch was tested and which was expected.
 """

@@ -8,7 +8,7 @@ run), ``result_batches`` (a big report's results while they are written), ``repo
 backend's first OIDC callback), ``level_holds`` (backends found below their level's bar),
 ``worker_leases`` (which process runs a one-at-a-time worker across replicas); ``base``
 (declarative base), ``models`` (every table),
-``database`` (engine, URL, migrations), ``store`` (:class:`Store`: the intake and dispatch operations,
+``database`` (engine, URL, migrations), ``facade`` (:class:`Store`: the intake and dispatch operations,
 one transaction each), ``results_operations`` (the results side's operations, mixed into ``Store``),
 ``group_commit`` (intake's writer thread: one transaction for every webhook pending), ``errors``
 (:class:`StoreUnavailable`). Migrations live in ``migrations/`` and run at every start-up.

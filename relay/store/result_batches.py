@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, delete, insert, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.run_states import FINAL_STATES, TransitionRefused
+from relay.store.run_states import FINAL_STATES, TransitionRefused
 from relay.store.base import Base
 from relay.store.per_test_results import CHUNK_ROWS, NewTestResult, TestResultRow, rows_of
 from relay.store.runs import RunRow

@@ -3,7 +3,7 @@
 A mixin of :class:`relay.store.Store`: each method is one transaction, like the intake-side methods.
 Triggered by callbacks, reporting, the sweeper, re-runs, the level review and the dashboard; database
 errors surface as :class:`relay.store.StoreUnavailable`; a refused run transition as
-:class:`relay.run_states.TransitionRefused`, with nothing written.
+:class:`relay.store.run_states.TransitionRefused`, with nothing written.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from relay import provenance
-from relay.run_states import RunState, TransitionRefused, check_transition
+from conformance import provenance
+from relay.store.run_states import RunState, TransitionRefused, check_transition
 from relay.store import (
     callback_nonces, dispatches, oidc_identities, per_test_results, quarantine, reported_states, rerun_requests,
     result_batches, runs,
@@ -69,7 +69,7 @@ class ResultsOperations:
 
     @guarded
     def apply_callback(self, update: CallbackUpdate) -> CallbackApplied:
-        """Bind the run, check the transition in :mod:`relay.run_states`'s table, write it (and the tests).
+        """Bind the run, check the transition in :mod:`relay.store.run_states`'s table, write it (and the tests).
 
         A report of more than ``per_test_results.CHUNK_ROWS`` tests is written in chunks first, each in a
         transaction of its own that lets every other waiting write go first (intake's writes go in between), as a result batch the final transition

@@ -2,7 +2,7 @@
 
 Written by the dispatcher (``record_sent``, in the transaction that marks a dispatch sent: a dispatch
 that starts a run gets its ``dispatched`` row; a ``pull_request.closed`` dispatch cancels that PR's open
-runs of the backend), by callbacks (``bind`` then a state change decided by :mod:`relay.run_states`;
+runs of the backend), by callbacks (``bind`` then a state change decided by :mod:`relay.store.run_states`;
 ``supersede`` when a newer run of a PR starts) and by the sweeper (time-outs). Read by reporting, re-runs, the
 level review and the dashboard. The downstream run id and attempt are unknown until the first
 callback: the ``dispatched`` row has them NULL and the first callback binds them.
@@ -19,8 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from relay.provenance import describe as describe_provenance
-from relay.run_states import (
+from conformance.provenance import describe as describe_provenance
+from relay.store.run_states import (
     FINAL_STATES, RunState, TransitionRefused, check_transition, execution_seconds, queue_seconds,
 )
 from relay.store import quarantine
@@ -76,7 +76,7 @@ class RunRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     torch_version: Mapped[str | None] = mapped_column(String(100))
-    # The report's torch.git_version and relay.provenance's verdict against head_sha (NULL: no report).
+    # The report's torch.git_version and conformance.provenance's verdict against head_sha (NULL: no report).
     torch_git_version: Mapped[str | None] = mapped_column(String(64))
     provenance: Mapped[str | None] = mapped_column(String(16))
     # The result batch holding the run's test results (0: none, or written in its final transition).
@@ -108,7 +108,7 @@ class RunView:
     summary: dict[str, Any] | None
     torch_version: str | None
     torch_git_version: str | None = None
-    provenance: str | None = None  # matched | mismatched | unknown (relay.provenance); None without a report
+    provenance: str | None = None  # matched | mismatched | unknown (conformance.provenance); None without a report
 
     @property
     def provenance_problem(self) -> str | None:

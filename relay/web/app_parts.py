@@ -1,7 +1,7 @@
 """The app's parts as a route reads them: ``app_parts(request)``.
 
 :func:`relay.app.create_app` keeps one record of the parts it built on the app (``app.state.parts``,
-:class:`relay.parts.RelayParts`). A route module says what it reads of that record in a ``Protocol`` of
+:class:`relay.assembly.RelayParts`). A route module says what it reads of that record in a ``Protocol`` of
 its own and types ``app_parts`` by it, so routes never import the record, and the record can name every
 service without an import circle.
 """

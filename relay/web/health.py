@@ -30,7 +30,7 @@ class _Workers(Protocol):
 
 
 class HealthParts(Protocol):
-    """What these routes read of the app's parts (:class:`relay.parts.RelayParts` has them)."""
+    """What these routes read of the app's parts (:class:`relay.assembly.RelayParts` has them)."""
 
     settings: Settings
     store: Store

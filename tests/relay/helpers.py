@@ -136,7 +136,7 @@ class RelayUnderTest:
 
     @property
     def parts(self):
-        from relay.parts import parts_of
+        from relay.assembly import parts_of
 
         return parts_of(self.app)
 

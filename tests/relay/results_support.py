@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from relay.testing.reports import conformance_report as report  # noqa: F401 (the results tests' report)
+from relay.testing.sample_report import conformance_report as report  # noqa: F401 (the results tests' report)
 from tests.relay.helpers import UPSTREAM, pr_payload, push_payload
 
 AUDIENCE = "crcr-relay-test"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import events
+from relay.intake import events
 from relay.settings import ENV_PREFIX, Settings
 
 DOCS = sorted((Path(__file__).resolve().parents[2] / "docs").glob("*.md"))
@@ -85,7 +85,7 @@ def test_the_documented_client_payload_limits_are_the_ones_intake_applies():
     keys, kilobytes, text_chars, labels = map(int, claim.groups())
     assert kilobytes * 1024 == events.CLIENT_PAYLOAD_MAX_BYTES
     assert (text_chars, labels) == (events._MAX_TEXT, events._MAX_LABELS)
-    from relay.events import client_payloads, normalise
+    from relay.intake.events import client_payloads, normalise
     from tests.relay.helpers import pr_payload
 
     (body,) = client_payloads(normalise("pull_request", "d-1", pr_payload()), ["n" * 32])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.descriptors import DescriptorError, TrustLevel, packaged_backends_dir
-from relay.events import normalise
+from relay.intake.events import normalise
 from relay.trust import LEVELS, BackendTarget, DisplayOnPR, Switches, load_allowlist, route
 from tests.relay.helpers import pr_payload, push_payload, write_backend
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401

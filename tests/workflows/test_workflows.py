@@ -145,7 +145,7 @@ def test_every_step_that_can_fail_before_the_suite_is_named_in_the_final_callbac
 
 
 def test_example_caller_pins_the_reusable_workflow_and_listens_for_every_relay_event():
-    from relay.events import event_type, normalise
+    from relay.intake.events import event_type, normalise
     from tests.relay.helpers import pr_payload, push_payload
 
     caller = load(CALLER)

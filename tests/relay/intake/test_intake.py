@@ -8,7 +8,7 @@ import json
 import pytest
 from sqlalchemy import create_engine, text
 
-from relay.events import CLIENT_PAYLOAD_MAX_BYTES
+from relay.intake.events import CLIENT_PAYLOAD_MAX_BYTES
 from relay.store.database import normalise_url
 from tests.relay.helpers import pr_payload, push_payload
 
@@ -131,7 +131,7 @@ def test_labels_too_large_for_github_even_when_cut_are_left_out_and_the_pr_still
 
 
 def test_client_payloads_differ_only_in_their_nonce():
-    from relay.events import client_payloads, normalise
+    from relay.intake.events import client_payloads, normalise
 
     event = normalise("pull_request", "d-1", pr_payload(labels=("a", "b")))
     first, second = client_payloads(event, ["n" * 32, "m" * 32])

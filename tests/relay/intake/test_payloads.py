@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from relay.events import CLIENT_PAYLOAD_MAX_BYTES, CLIENT_PAYLOAD_MAX_KEYS
+from relay.intake.events import CLIENT_PAYLOAD_MAX_BYTES, CLIENT_PAYLOAD_MAX_KEYS
 from tests.relay.helpers import PAYLOADS_DIR, write_backend
 
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""Provenance of the tested torch (relay/provenance.py) and supersede, against a served relay and the fake
+"""Provenance of the tested torch (conformance/provenance.py, as the relay applies it) and supersede, against a served relay and the fake
 GitHub: a report of another torch is stored as mismatched, shown on the run and PR pages and in the
 API, and never reported as a pass (L4 failure, L3 neutral, both saying which torch and which commit);
 a matching one passes; an older run of a PR that never started is cancelled as superseded when the
@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from relay.levels.review import week_stats
-from relay.provenance import Provenance, check
+from conformance.provenance import Provenance, check
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 

@@ -10,8 +10,8 @@ from tests.relay.helpers import SECRET, UPSTREAM
 
 def test_the_app_state_holds_one_typed_record_built_whole(fake_github, backends_dir, sqlite_url):
     from relay import create_app, load_settings
-    from relay.parts import RelayParts, parts_of
-    from relay.parts import ResultsSide
+    from relay.assembly import RelayParts, parts_of
+    from relay.assembly import ResultsSide
 
     app = create_app(load_settings(webhook_secrets=SECRET, upstream_repo=UPSTREAM, github_api_url=fake_github.url,
                                    github_token="test-token", database_url=sqlite_url, backends_dir=str(backends_dir)))

@@ -44,7 +44,7 @@ from relay.web.request_body import BodyBudget
 
 __all__ = ["RelayParts", "ResultsSide", "build_parts", "parts_of"]
 
-log = logging.getLogger("relay.parts")
+log = logging.getLogger("relay.assembly")
 
 
 @dataclasses.dataclass

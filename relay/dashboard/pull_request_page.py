@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from relay.dashboard.backend import RunItem, run_item
+from relay.dashboard.backend_page import RunItem, run_item
 from relay.dashboard.rendering import DashboardContext, context, render
 from relay.store.per_test_results import FAILING_OUTCOMES
 

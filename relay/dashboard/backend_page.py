@@ -38,7 +38,7 @@ class RunItem(BaseModel):
     pass_rate: float | None
     run_url: str | None
     torch_git_version: str | None = None
-    provenance: str | None = None  # matched | mismatched | unknown (relay.provenance); null without a report
+    provenance: str | None = None  # matched | mismatched | unknown (conformance.provenance); null without a report
     provenance_problem: str | None = None
 
 

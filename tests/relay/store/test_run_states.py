@@ -1,11 +1,11 @@
-"""The run state machine (relay.run_states): every transition of the table, and every refusal with its code."""
+"""The run state machine (relay.store.run_states): every transition of the table, and every refusal with its code."""
 
 import datetime as dt
 import itertools
 
 import pytest
 
-from relay.run_states import (
+from relay.store.run_states import (
     FINAL_STATES, TRANSITIONS, RunState, TransitionRefused, check_transition, execution_seconds, queue_seconds,
     state_for_conclusion,
 )
