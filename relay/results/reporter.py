@@ -222,6 +222,11 @@ class ReportingWorker(RunsPeriodically):
         """Look for pending reports now."""
         self._periodic.wake()
 
+    def run_changed(self, _run_pk: int | None = None) -> None:
+        """A run row changed (a callback, a time-out, a dispatch sent, new labels): look now. Which run
+        does not matter: the pass finds what changed by query."""
+        self._periodic.wake()
+
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """For tests and shutdown: True once a pass that started after this call left nothing pending."""
         with self._passes:
