@@ -78,9 +78,12 @@ def test_kill_9_with_queued_and_in_flight_dispatches_loses_nothing(database_url,
                 for d in fake_github.dispatches(r)]
     expected = {(delivery, repo) for delivery in deliveries for repo in ("org/x-ci", "org/y-ci", "org/z-ci")}
     assert set(accepted) == expected
-    # At-least-once: only a call in flight at the kill (at most one per lane) can have been repeated.
-    assert len(accepted) - len(expected) <= max(in_flight, 3)
     text = log.read_text()
+    # At-least-once: only a call whose answer the relay never saw can have been repeated: one in flight at
+    # the kill (at most one per lane), or one that timed out waiting for the answer on a busy machine
+    # (GitHub, here the fake, may have taken it) and was sent again, as the log says.
+    unanswered = text.count("network error: ReadTimeout") + text.count("claim lost before its outcome was recorded")
+    assert len(accepted) - len(expected) <= max(in_flight, 3) + unanswered
     assert GITHUB_TOKEN not in text and SECRET not in text
     store.close()
 
