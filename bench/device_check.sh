@@ -13,7 +13,7 @@
 # Items, in order: torchrun-exit-code, shared-dir-two-nodes (both on CPU ranks: launcher behaviour, not the
 # device's), controllers-touch-no-device, symmetric-memory-probe, world-size-devices, wait-is-stream-ordered,
 # async-work, init-modes, complex-gather-reduce-scatter, nonfinite-min-max, p2p-tags, p2p-non-contiguous,
-# missing-rank-teardown, monitored-barrier, pending-work-ending, dtensor-recovery, precompile-device-index, symm-collectives,
+# missing-rank-teardown, monitored-barrier, pending-work-ending, nan-check, dtensor-recovery, precompile-device-index, symm-collectives,
 # symm-error-cases, group-reset-seconds. Then "device_check: done <passed> passed, <failed> failed, <skipped> skipped".
 #
 # With one device: world size 1 only (NCCL refuses two ranks on one GPU), so every item that needs a peer
@@ -183,6 +183,7 @@ suite_item p2p-non-contiguous 2 "$two" collective_layouts "test_view and isend_i
 suite_item missing-rank-teardown 2 "$two" process_groups "test_missing_rank and (skip or raise)"
 suite_item monitored-barrier 2 "$two" process_groups "test_missing_rank and monitored_barrier"
 suite_item pending-work-ending 2 "$two" process_groups "test_pending_work"
+suite_item nan-check 2 "$two" process_groups "test_nan_check"
 suite_item dtensor-recovery 2 "$two" dtensor "test_op and S0"
 suite_item precompile-device-index 2 "$two" precompile "test_load_runs_without_compiling_and_matches or test_uneven_batches_across_ranks"
 suite_item symm-collectives 2 "$two" symmetric_memory "real_buffers or sub_group or reaches_the_ops"

@@ -261,10 +261,26 @@ class Semantics(_Strict):
                     "work with an error (NCCL: the communicator is aborted); false: the work is left to its own "
                     "timeout (gloo)",
     )
+    nan_check: str | None = Field(
+        default=None,
+        description="the environment variable that, set to 1 when a group is created, makes that group check "
+                    "each collective's input for NaN and fail the call when it holds one (NCCL: "
+                    "TORCH_NCCL_NAN_CHECK, a device-side assert); buffers a rank receives into are not checked. "
+                    "null: the backend has no such check (gloo)",
+    )
     sources: dict[str, str] = Field(
         default_factory=dict,
         description="for each semantic set here: the source line that says so (a link)",
     )
+
+    @field_validator("nan_check")
+    @classmethod
+    def _nan_check_is_a_variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Z][A-Z0-9_]*", value):
+            raise ValueError(f"{value!r} is not an environment variable's name: give the variable alone, in capitals "
+                             "(e.g. TORCH_NCCL_NAN_CHECK; the suite sets it to 1), or null where the backend has no "
+                             "NaN check")
+        return value
 
     @model_validator(mode="after")
     def _sources_name_semantics(self) -> "Semantics":

@@ -526,6 +526,79 @@ def pending_work_on_rank(ctx, how: str, wait_seconds: float | None, group_second
     return record
 
 
+# -- the NaN check ------------------------------------------------------------------------------------
+
+NAN_CHECK_CASES = ("clean", "receive_buffer", "input")
+
+
+def _nan_checked_group(dist, env_var: str):
+    """A group of every rank created with ``env_var``=1 (read when the group is made); the variable is
+    put back as it was at once, so no later group of this rank checks."""
+    import os
+
+    before = os.environ.get(env_var)
+    os.environ[env_var] = "1"
+    try:
+        return dist.new_group()
+    finally:
+        if before is None:
+            os.environ.pop(env_var, None)
+        else:
+            os.environ[env_var] = before
+
+
+def nan_check_on_rank(ctx, env_var: str, case: str, impl: str = "torch"):
+    """On a group made with ``env_var``=1, as upstream's own NaN-check tests do:
+    ``clean``: finite data through broadcast (from rank 0), all_reduce and all_gather_into_tensor
+    -> (broadcast, reduced, gathered); ``receive_buffer``: a NaN in the buffer every rank but 0 receives
+    a broadcast into, and in the buffer rank 1 receives rank 0's send into -> (broadcast, received or
+    None); ``input``: a NaN in every rank's input of an all_gather_into_tensor -> the gathered tensor,
+    which the call must not get to (on an accelerator the check's device-side assert shows at the sync).
+    """
+    import torch
+
+    dist = resolve_dist(impl)
+    group = _nan_checked_group(dist, env_var)
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+
+    def synchronized(value):
+        if device.type != "cpu":
+            torch.accelerator.synchronize(device)
+        return value
+
+    if case == "clean":
+        x = torch.full((10,), float(rank), device=device)
+        reduced = torch.ones(3, 4, device=device)
+        gathered = torch.empty(4 * world, device=device)
+        dist.broadcast(x, src=0, group=group)
+        dist.all_reduce(reduced, group=group)
+        dist.all_gather_into_tensor(gathered, torch.full((4,), float(rank), device=device), group=group)
+        dist.barrier(group=group)
+        result = synchronized((x, reduced, gathered))
+    elif case == "receive_buffer":
+        sent = torch.ones(3, 4, device=device)
+        if rank != 0:
+            sent[1, 1] = float("nan")  # overwritten by rank 0's data
+        dist.broadcast(sent, src=0, group=group)
+        received = None
+        if rank == 0:
+            dist.send(sent, 1, group=group)
+        elif rank == 1:
+            received = torch.full((3, 4), float("nan"), device=device)
+            dist.recv(received, 0, group=group)
+        result = synchronized((sent, received))
+    elif case == "input":
+        poisoned = torch.zeros(4, device=device)
+        poisoned[rank % 4] = float("nan")
+        gathered = torch.empty(4 * world, device=device)
+        dist.all_gather_into_tensor(gathered, poisoned, group=group)  # raises (the group is left to the pool)
+        result = synchronized(gathered)  # reached only where the NaN went unchecked
+    else:
+        raise ValueError(f"unknown NaN-check case {case!r}; expected one of {', '.join(NAN_CHECK_CASES)}")
+    dist.destroy_process_group(group)
+    return result
+
+
 # -- sizes ------------------------------------------------------------------------------------------
 
 @packed

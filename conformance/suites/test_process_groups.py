@@ -2,7 +2,9 @@
 a rank that skips or raises before a collective (the others get an error within the group's
 timeout, and a fresh group works afterwards); monitored_barrier naming the rank that did not arrive;
 work left pending when a rank never joins: ``Work.wait(timeout)`` raises by its timeout, and the group
-ends (abort, shutdown, destroy_process_group) at once with that work pending.
+ends (abort, shutdown, destroy_process_group) at once with that work pending; where the backend has a
+NaN check (``semantics.nan_check``), a group made with it fails a collective whose input holds a NaN on
+every rank, and passes finite data and NaNs in receive buffers through.
 
 Every check takes ``impl`` (see ``test_collectives``).
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import RankCrashed, RankTimeout, requires
+from conformance import RankCrashed, RankError, RankTimeout, requires
 from conformance.suites import _collective_bodies as bodies
 from conformance.suites import _collective_data as data
 from conformance.suites.test_collectives import raise_problems
@@ -147,3 +149,59 @@ def check_pending_work(ranks, how, impl="torch", ender="torch", end_limit=END_LI
 @pytest.mark.parametrize("how", list(ENDINGS))
 def test_pending_work(ranks, how):
     check_pending_work(ranks, how)
+
+
+def check_nan_check(ranks, case, impl="torch", nan_check=None):
+    """``case`` of ``bodies.nan_check_on_rank`` on a group made with the descriptor's ``semantics.nan_check``
+    variable (``nan_check``: another variable, for the stand-ins' tests). ``input`` must fail on every rank
+    (an error, or the rank torn down by a device-side assert; the pool then replaces the group or the
+    ranks); the other cases must pass, with the data right."""
+    import torch
+
+    descriptor = ranks.descriptor
+    env_var = nan_check or descriptor.semantics.nan_check
+    if env_var is None:
+        pytest.skip(f"{descriptor.name} declares no NaN check (semantics.nan_check is unset in {descriptor.source}): "
+                    "nothing to check collectives' inputs with")
+    world, declared = ranks.world_size, f"{descriptor.name} declares semantics.nan_check: {env_var}"
+    if case == "input":
+        what = f"an all_gather_into_tensor with a NaN in every rank's input, on a group made with {env_var}=1, " \
+               f"over {ranks.backend}"
+        try:
+            ranks.run_with_timeout(CALL_LIMIT, bodies.nan_check_on_rank, env_var, case, impl=impl)
+        except RankError as exc:  # RankCrashed is one: a rank torn down by the check's device-side assert
+            failed = set(exc.failed_ranks)
+        else:
+            failed = set()
+        raise_problems([f"rank {rank}: did not fail (it completed, or waited for its peers) although {declared}"
+                        for rank in range(world) if rank not in failed], what)
+        return
+    what = {"clean": f"broadcast, all_reduce and all_gather_into_tensor of finite data on a group made with "
+                     f"{env_var}=1 over {ranks.backend}",
+            "receive_buffer": f"a broadcast and a recv into buffers holding a NaN, on a group made with {env_var}=1, "
+                              f"over {ranks.backend}"}[case]
+    why = {"clean": "finite data must pass a NaN check", "receive_buffer": "a NaN check reads only what a rank sends"}
+    try:
+        results = ranks.run_with_timeout(CALL_LIMIT, bodies.nan_check_on_rank, env_var, case, impl=impl)
+    except RankError as exc:
+        raise_problems([f"rank {e.rank}: raised {e.exc_type}: {(e.message.strip().splitlines() or [''])[0]} "
+                        f"({why[case]})" for e in exc.errors] or [f"{exc.summary} ({why[case]})"], what)
+        return
+    problems = []
+    for rank, result in enumerate(results):
+        if case == "clean":
+            x, reduced, gathered = result
+            wants = (("broadcast", x, torch.zeros(10)), ("all_reduce", reduced, torch.full((3, 4), float(world))),
+                     ("all_gather_into_tensor", gathered, torch.arange(world, dtype=torch.float32).repeat_interleave(4)))
+        else:
+            sent, received = result
+            wants = (("broadcast", sent, torch.ones(3, 4)),) + \
+                ((("recv", received, torch.ones(3, 4)),) if rank == 1 else ())
+        problems += [f"rank {rank}: {op}: {problem}" for op, got, want in wants
+                     if (problem := data.same_bits(got, want)) is not None]
+    raise_problems(problems, what)
+
+
+@pytest.mark.parametrize("case", bodies.NAN_CHECK_CASES)
+def test_nan_check(ranks, case):
+    check_nan_check(ranks, case)

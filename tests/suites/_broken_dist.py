@@ -192,6 +192,78 @@ def end_group_refusing_pending_work(dist, group, how):
     raise RuntimeError("cannot end a process group while it has pending work")
 
 
+# -- the NaN check: a CPU reference of what ProcessGroupNCCL does under TORCH_NCCL_NAN_CHECK=1, and ways
+# to get it wrong. Gloo has no such check; the reference adds one to the groups made with the variable set.
+
+NAN_CHECK_ENV = "TORCH_NCCL_NAN_CHECK"
+_NAN_CHECKED_GROUPS: list = []  # the groups made with NAN_CHECK_ENV=1 (kept alive: compared by identity)
+
+
+def _new_group_noting_the_nan_check(*args, **kwargs):
+    import os
+
+    group = _dist().new_group(*args, **kwargs)
+    if os.environ.get(NAN_CHECK_ENV) == "1":
+        _NAN_CHECKED_GROUPS.append(group)
+    return group
+
+
+def _refuse_nan(tensor, group) -> None:
+    import torch
+
+    if any(group is checked for checked in _NAN_CHECKED_GROUPS) and torch.isnan(tensor).any():
+        raise RuntimeError("NaN found in input tensor.")
+
+
+def _broadcast_checking_the_source(tensor, src=None, group=None, **kwargs):
+    if _dist().get_rank() == src:
+        _refuse_nan(tensor, group)
+    return _dist().broadcast(tensor, src, group=group, **kwargs)
+
+
+def _broadcast_checking_every_buffer(tensor, src=None, group=None, **kwargs):
+    """Checks the buffers the other ranks receive into as well."""
+    _refuse_nan(tensor, group)
+    return _dist().broadcast(tensor, src, group=group, **kwargs)
+
+
+def _all_reduce_checked(tensor, *args, group=None, **kwargs):
+    _refuse_nan(tensor, group)
+    return _dist().all_reduce(tensor, *args, group=group, **kwargs)
+
+
+def _all_gather_into_tensor_checked(output, input, group=None, **kwargs):
+    _refuse_nan(input, group)
+    return _dist().all_gather_into_tensor(output, input, group=group, **kwargs)
+
+
+def _all_gather_into_tensor_checked_on_rank_0(output, input, group=None, **kwargs):
+    """Only rank 0 checks: the others join a collective rank 0 has left."""
+    if _dist().get_rank() == 0:
+        _refuse_nan(input, group)
+    return _dist().all_gather_into_tensor(output, input, group=group, **kwargs)
+
+
+def _send_checked(tensor, dst=None, group=None, **kwargs):
+    _refuse_nan(tensor, group)
+    return _dist().send(tensor, dst, group=group, **kwargs)
+
+
+def _recv_checking_its_buffer(tensor, src=None, group=None, **kwargs):
+    """Checks the buffer it is about to receive into."""
+    _refuse_nan(tensor, group)
+    return _dist().recv(tensor, src, group=group, **kwargs)
+
+
+_NAN_CHECKING = dict(new_group=_new_group_noting_the_nan_check, broadcast=_broadcast_checking_the_source,
+                     all_reduce=_all_reduce_checked, all_gather_into_tensor=_all_gather_into_tensor_checked,
+                     send=_send_checked)
+NAN_CHECKING_REFERENCE = BrokenDist(**_NAN_CHECKING)  # not broken: what the suite asks of a NaN check
+NAN_CHECK_READS_RECEIVE_BUFFERS = BrokenDist(**{**_NAN_CHECKING, "broadcast": _broadcast_checking_every_buffer,
+                                                "recv": _recv_checking_its_buffer})
+NAN_CHECK_ON_RANK_0_ONLY = BrokenDist(**{**_NAN_CHECKING,
+                                         "all_gather_into_tensor": _all_gather_into_tensor_checked_on_rank_0})
+
 ALL_GATHER_WRONG_ORDER = BrokenDist(all_gather=_all_gather_rotated)
 GATHER_DROPS_LAST_RANK = BrokenDist(gather=_gather_dropping_last)
 REDUCE_WRONG_ROOT = BrokenDist(reduce=_reduce_to_next)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 import yaml
 
@@ -84,3 +85,17 @@ def test_pending_work_must_be_failed_by_the_ending_only_where_the_descriptor_say
         "semantics.ending_fails_pending_work"]
     assert pending_work_problems([{**left, "completed_after_end": True}, {"fresh": fresh}], "abort",
                                  Semantics(ending_fails_pending_work=True)) == []
+
+
+def test_a_nan_check_variable_must_be_an_environment_variable_name_and_cpu_declares_none(tmp_path):
+    from conformance.descriptors import DescriptorError, load_descriptor
+
+    assert load_descriptor(packaged_backends_dir() / "cpu.yaml").semantics.nan_check is None
+    assert load_descriptor(packaged_backends_dir() / "cuda.yaml").semantics.nan_check == "TORCH_NCCL_NAN_CHECK"
+    descriptor = yaml.safe_load((packaged_backends_dir() / "cpu.yaml").read_text())
+    descriptor["semantics"] = {"nan_check": "torch nccl nan check=1"}
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(descriptor))
+    with pytest.raises(DescriptorError, match=r"(?s)cpu.yaml: invalid backend descriptor:.*semantics.nan_check: "
+                                              r"'torch nccl nan check=1' is not an environment variable's name: "
+                                              r"give the variable alone, in capitals"):
+        load_descriptor(tmp_path / "cpu.yaml")

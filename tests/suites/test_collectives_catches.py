@@ -139,3 +139,28 @@ def test_an_ending_that_refuses_or_outlasts_pending_work(ranks):
     with pytest.raises(ConformanceFailure, match=r"rank 0: destroy_process_group\(group\) with an all_reduce pending "
                                                  r"took 1\.\d s \(bound 1 s\)"):
         groups.check_pending_work(ranks, "destroy", ender=BROKEN + "end_group_slowly", end_limit=1.0)
+
+
+def test_a_nan_check_that_misses_a_nan_reads_receive_buffers_or_checks_one_rank(ranks):
+    """Against the CPU reference of NCCL's check (gloo has none): gloo itself, as a backend declaring the
+    check, lets the NaN through on every rank; a check of receive buffers fails legitimate code; a check on
+    rank 0 only leaves rank 1 waiting in the collective."""
+    from tests.suites._broken_dist import NAN_CHECK_ENV
+
+    reference = BROKEN + "NAN_CHECKING_REFERENCE"
+    for case in ("clean", "receive_buffer", "input"):
+        groups.check_nan_check(ranks, case, impl=reference, nan_check=NAN_CHECK_ENV)
+    on = f"on a group made with {NAN_CHECK_ENV}=1"
+    declared = f"although cpu declares semantics.nan_check: {NAN_CHECK_ENV}"
+    with pytest.raises(ConformanceFailure, match=rf"an all_gather_into_tensor with a NaN in every rank's input, {on}, "
+                                                 rf"over gloo is wrong:\n  rank 0: did not fail \(it completed, or "
+                                                 rf"waited for its peers\) {declared}\n  rank 1: did not fail"):
+        groups.check_nan_check(ranks, "input", nan_check=NAN_CHECK_ENV)
+    with pytest.raises(ConformanceFailure, match=rf"a broadcast and a recv into buffers holding a NaN, {on}, over gloo "
+                                                 rf"is wrong:\n  rank 1: raised RuntimeError: NaN found in input tensor. "
+                                                 rf"\(a NaN check reads only what a rank sends\)"):
+        groups.check_nan_check(ranks, "receive_buffer", impl=BROKEN + "NAN_CHECK_READS_RECEIVE_BUFFERS",
+                               nan_check=NAN_CHECK_ENV)
+    with pytest.raises(ConformanceFailure, match=r"over gloo is wrong:\n  rank 1: did not fail \(it completed, or "
+                                                 rf"waited for its peers\) {declared}$"):
+        groups.check_nan_check(ranks, "input", impl=BROKEN + "NAN_CHECK_ON_RANK_0_ONLY", nan_check=NAN_CHECK_ENV)
