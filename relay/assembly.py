@@ -97,7 +97,10 @@ class RelayParts:
     dispatcher: Dispatcher | None  # None: RELAY_DISPATCHER_ENABLED=false
     results: ResultsSide
     descriptors: DescriptorReload
-    callbacks: CallbackService  # the results side's receiver (``results.callbacks``), as the callback route reads it
+
+    @property
+    def callbacks(self) -> CallbackService:
+        return self.results.callbacks
 
 
 def build_parts(settings: Settings, *, github: DispatchSender | None = None) -> RelayParts:
@@ -123,7 +126,6 @@ def build_parts(settings: Settings, *, github: DispatchSender | None = None) -> 
         settings=settings, secrets=settings.secret_values(),
         body_budget=BodyBudget(settings.unauthenticated_body_budget_bytes), allowlist=allowlist, store=store,
         metrics=metrics, github=github, dispatcher=dispatcher, results=results, descriptors=descriptors,
-        callbacks=results.callbacks,
     )
     return parts
 
@@ -154,7 +156,7 @@ def build_results_side(settings, *, allowlist, store, github: Any, metrics, disp
         reporting = ReportingWorker(reporter, poll_seconds=settings.reporting_poll_seconds,
                                     window_seconds=settings.nonce_ttl_hours * 3600)
     # Parts that change runs only wake reporting, which reads what changed from the store.
-    run_changed = reporting.run_changed if reporting is not None else _nothing_reports
+    run_changed = reporting.wake if reporting is not None else _nothing_reports
 
     callbacks.on_run_changed = run_changed
     sweeper = None

@@ -152,7 +152,7 @@ class ReportLimits:
 
 @dataclasses.dataclass
 class CallbackService:
-    """Everything the callback endpoint needs (``RelayParts.callbacks``)."""
+    """Everything the callback endpoint needs (``ResultsSide.callbacks``)."""
 
     store: Store
     auth: CallerAuth

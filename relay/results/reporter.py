@@ -218,13 +218,9 @@ class ReportingWorker(RunsPeriodically):
         self._idle = False  # the last finished pass left nothing pending
         self._periodic = PeriodicThread("relay-reporting", poll_seconds, self._counted_pass, next_wait=self._next_wait)
 
-    def wake(self) -> None:
-        """Look for pending reports now."""
-        self._periodic.wake()
-
-    def run_changed(self, _run_pk: int | None = None) -> None:
-        """A run row changed (a callback, a time-out, a dispatch sent, new labels): look now. Which run
-        does not matter: the pass finds what changed by query."""
+    def wake(self, _run_pk: int | None = None) -> None:
+        """Look for pending reports now: also the parts' ``run_changed`` (a callback, a time-out, a dispatch
+        sent, new labels). Which run changed does not matter: the pass finds what changed by query."""
         self._periodic.wake()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:

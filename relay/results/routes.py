@@ -71,7 +71,7 @@ def rejection_handler(_request: Request, exc: CallbackRejected) -> JSONResponse:
 
 
 def _service(request: Request) -> CallbackService:
-    return parts_of(request).callbacks
+    return parts_of(request).results.callbacks
 
 
 async def verified_caller(request: Request) -> Caller:
