@@ -14,7 +14,7 @@ compared bit for bit. Then the coalesced forms, ``async_op=True`` handles (wait,
 get_future), object collectives and a barrier.
 
 Inputs differ per rank with no period (``_collective_data``). Every check takes ``impl``, the API it
-calls (``_collective_impls.resolve_dist``): ``tests/suites/test_collectives_catches.py`` hands it
+calls (``_collective_impls.resolve_dist``): ``tests/conformance/suites/test_collectives_catches.py`` hands it
 broken collectives and shows each caught. What a backend cannot do is a known failure in its
 descriptor, with the reason.
 """

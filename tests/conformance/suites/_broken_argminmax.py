@@ -1,7 +1,7 @@
 """Deliberately broken DTensor argmax/argmin handlers, handed to the suite by import path.
 
 Each has the handler signature ``(dtensor, op, dim, keepdim) -> DTensor``; the suite's rank function
-imports this module on every rank (``handler="tests.suites._broken_argminmax:NAME"``).
+imports this module on every rank (``handler="tests.conformance.suites._broken_argminmax:NAME"``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Deliberately broken object functions for the ``objects`` suite (``BrokenDist``s, see
-``tests.suites._broken_dist``)."""
+``tests.conformance.suites._broken_dist``)."""
 
 from __future__ import annotations
 
-from tests.suites._broken_dist import BrokenDist, _dist
+from tests.conformance.suites._broken_dist import BrokenDist, _dist
 
 
 def _recv_object_list_reversed(object_list, src=None, group=None, device=None, group_src=None, **kwargs):

@@ -1,5 +1,5 @@
 """Deliberately broken pieces of data, tensor and pipeline parallelism, handed to the parallelisms suite
-by import path (``"tests.suites._broken_parallel:NAME"``); every rank imports this module itself."""
+by import path (``"tests.conformance.suites._broken_parallel:NAME"``); every rank imports this module itself."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 torch has no symmetric memory for CPU, so the suite's GPU tests skip here. These tests run the very
 same bodies (``conformance/suites/_symmetric_memory_bodies.py``) between the rank processes of a
-real gloo pool against ``tests/suites/symm_reference.py``: they must pass on the reference and fail,
+real gloo pool against ``tests/conformance/suites/symm_reference.py``: they must pass on the reference and fail,
 with the specific complaint, on each deliberately broken variant.
 """
 
@@ -17,11 +17,11 @@ from conformance.ranks import RankPool
 from conformance.suites import _symmetric_memory_bodies as bodies
 from conformance.symmetric_memory import TorchSymmetricMemory, resolve
 
-REFERENCE = "tests.suites.symm_reference:ReferenceSymmetricMemory"
+REFERENCE = "tests.conformance.suites.symm_reference:ReferenceSymmetricMemory"
 
 
 def variant(name: str) -> str:
-    return f"tests.suites.symm_reference:{name}"
+    return f"tests.conformance.suites.symm_reference:{name}"
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_resolve_names_the_interface():
         resolve("reference")
     with pytest.raises(TypeError, match="lacks allocate, rendezvous, put_signal, wait_signal, barrier, "
                                         "one_shot_all_reduce, .*, get_remote_tensors, unsupported$"):
-        resolve("tests.suites.symm_reference:ReferenceHandle")
+        resolve("tests.conformance.suites.symm_reference:ReferenceHandle")
 
 
 def test_cpu_skip_reason_carries_torchs_own_words():

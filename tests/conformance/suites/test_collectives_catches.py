@@ -2,7 +2,7 @@
 fails the check that covers it, with a message naming the collective, the rank and what differs,
 while the real implementation passes the same check.
 
-The broken implementations live in ``tests.suites._broken_dist``; the suites' rank functions import
+The broken implementations live in ``tests.conformance.suites._broken_dist``; the suites' rank functions import
 them on every rank by name, over the same real process group the suites use.
 """
 
@@ -16,7 +16,7 @@ from conformance.suites import test_collectives as collectives
 from conformance.suites import test_p2p as p2p
 from conformance.suites import test_process_groups as groups
 
-BROKEN = "tests.suites._broken_dist:"
+BROKEN = "tests.conformance.suites._broken_dist:"
 
 
 def _caught(check, *args, broken: str, match: str):
@@ -145,7 +145,7 @@ def test_a_nan_check_that_misses_a_nan_reads_receive_buffers_or_checks_one_rank(
     """Against the CPU reference of NCCL's check (gloo has none): gloo itself, as a backend declaring the
     check, lets the NaN through on every rank; a check of receive buffers fails legitimate code; a check on
     rank 0 only leaves rank 1 waiting in the collective."""
-    from tests.suites._broken_dist import NAN_CHECK_ENV
+    from tests.conformance.suites._broken_dist import NAN_CHECK_ENV
 
     reference = BROKEN + "NAN_CHECKING_REFERENCE"
     for case in ("clean", "receive_buffer", "input"):

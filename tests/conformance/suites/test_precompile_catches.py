@@ -1,5 +1,5 @@
 """The precompile suite's checks fail when they should: its bodies run on deliberately broken paths
-(``tests/suites/precompile_broken.py``) between the processes of a real gloo pool, and each bug is
+(``tests/conformance/suites/precompile_broken.py``) between the processes of a real gloo pool, and each bug is
 reported with the specific complaint. A control run on the real ``aot_compile`` path passes.
 """
 
@@ -14,7 +14,7 @@ from conformance.suites._precompile_paths import AotCompilePath, resolve
 
 
 def broken(name: str) -> str:
-    return f"tests.suites.precompile_broken:{name}"
+    return f"tests.conformance.suites.precompile_broken:{name}"
 
 
 @pytest.fixture(scope="module")
@@ -67,4 +67,4 @@ def test_resolve_names_the_choices():
     with pytest.raises(ValueError, match="expected one of precompile, aot_compile, megacache, aoti"):
         resolve("jit")
     with pytest.raises(TypeError, match="not a PrecompilePath subclass"):
-        resolve("tests.suites.precompile_broken:stamped_forward")
+        resolve("tests.conformance.suites.precompile_broken:stamped_forward")

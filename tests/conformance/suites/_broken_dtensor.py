@@ -2,7 +2,7 @@
 
 Redistributions have the signature ``(dtensor, mesh, placements) -> DTensor`` (``redistributor=``), ops
 ``(op, dtensor_args) -> result`` (``applier=``); the suite's rank functions import this module on every
-rank (``"tests.suites._broken_dtensor:NAME"``).
+rank (``"tests.conformance.suites._broken_dtensor:NAME"``).
 """
 
 from __future__ import annotations

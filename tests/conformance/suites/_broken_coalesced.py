@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.suites._broken_dist import BrokenDist, _dist
+from tests.conformance.suites._broken_dist import BrokenDist, _dist
 
 
 class _FirstTensorOnly:

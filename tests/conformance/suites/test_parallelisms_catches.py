@@ -6,7 +6,7 @@ that reduces in bfloat16 (the gradients holding only bfloat16 values named), a p
 reorders its micro-batches (the micro-batch named), and a finalization that returns before the
 reduction (DDP and FSDP2, torch >= 2.15).
 
-The broken pieces live in ``tests.suites._broken_parallel``; the suite's rank functions import them on
+The broken pieces live in ``tests.conformance.suites._broken_parallel``; the suite's rank functions import them on
 every rank and run them over the pool's real process group.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from conformance.checks import ConformanceFailure
 from conformance.suites import test_parallelisms as suite
 
-BROKEN = "tests.suites._broken_parallel:"
+BROKEN = "tests.conformance.suites._broken_parallel:"
 
 
 def test_a_megatron_region_without_its_backward_all_reduce_names_the_layer_before_it(ranks):

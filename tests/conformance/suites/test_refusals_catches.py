@@ -16,4 +16,4 @@ def test_a_float8_reduction_that_answers_garbage(ranks):
     with pytest.raises(ConformanceFailure, match=r"all_reduce\(SUM\) on float8_e4m3fn over gloo is wrong:\n  rank 0: "
                                                  r"all_reduce\(SUM\) returned a wrong result instead of raising: \d+ of 8 "
                                                  r"elements differ bitwise"):
-        refusals.check_float8_reduction(ranks, "float8_e4m3fn", "SUM", impl="tests.suites._broken_refusals:FLOAT8_REDUCED_AS_BYTES")
+        refusals.check_float8_reduction(ranks, "float8_e4m3fn", "SUM", impl="tests.conformance.suites._broken_refusals:FLOAT8_REDUCED_AS_BYTES")

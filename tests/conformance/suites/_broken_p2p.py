@@ -1,9 +1,9 @@
 """Deliberately broken ``batch_isend_irecv`` stand-ins for the ``p2p_ordering`` suite (``BrokenDist``s,
-see ``tests.suites._broken_dist``): each wrong in one way a backend's batching could be."""
+see ``tests.conformance.suites._broken_dist``): each wrong in one way a backend's batching could be."""
 
 from __future__ import annotations
 
-from tests.suites._broken_dist import BrokenDist, _dist
+from tests.conformance.suites._broken_dist import BrokenDist, _dist
 
 
 def _swapping_first_two_sends_per_peer(p2p_op_list):

@@ -1,9 +1,9 @@
 """Deliberately broken group handling for the ``subgroups`` suite (``BrokenDist``s, see
-``tests.suites._broken_dist``)."""
+``tests.conformance.suites._broken_dist``)."""
 
 from __future__ import annotations
 
-from tests.suites._broken_dist import BrokenDist, _dist
+from tests.conformance.suites._broken_dist import BrokenDist, _dist
 
 
 def _all_gather_into_tensor_clearing_non_members(output_tensor, input_tensor, group=None, async_op=False):

@@ -6,7 +6,7 @@ Replicate, a softmax over the local shard, a wrong gradient) its sharding-propag
 dropout (one mask on every shard, replicated copies that differ) its random-number checks, and a
 compiled program that drops its reduction its torch.compile check.
 
-The broken implementations live in ``tests.suites._broken_argminmax`` and ``tests.suites._broken_dtensor``;
+The broken implementations live in ``tests.conformance.suites._broken_argminmax`` and ``tests.conformance.suites._broken_dtensor``;
 the suites' rank functions import them on every rank by name and run them over the same real process
 group and device mesh.
 """
@@ -19,7 +19,7 @@ from conformance.checks import ConformanceFailure
 from conformance.suites import _argminmax as matrix
 from conformance.suites import test_dtensor_argminmax as suite
 
-BROKEN = "tests.suites._broken_argminmax:"
+BROKEN = "tests.conformance.suites._broken_argminmax:"
 
 
 def _case(placement, dim, data="random", dtype="float32", op="argmax", keepdim=False):
@@ -119,7 +119,7 @@ def _redistribute(ranks, redistributor, case):
     dtensor_suite.check_redistribute(ranks, case, redistributor=BROKEN_DTENSOR + redistributor)
 
 
-BROKEN_DTENSOR = "tests.suites._broken_dtensor:"
+BROKEN_DTENSOR = "tests.conformance.suites._broken_dtensor:"
 
 
 def test_a_partial_max_read_as_a_sum_is_caught(ranks):

@@ -1,6 +1,6 @@
 """TEST DOUBLES: deliberately broken precompile paths, each a bug the precompile suite must catch.
 
-Handed to the suite's bodies by import path (``"tests.suites.precompile_broken:RecompilingLoadPath"``);
+Handed to the suite's bodies by import path (``"tests.conformance.suites.precompile_broken:RecompilingLoadPath"``);
 the rank processes import this module themselves. Each wraps the real ``aot_compile`` path and
 breaks one promise: load without compiling, same bits on every rank, reproducible builds, and no
 silent recompilation for inputs the artifact was not built for.

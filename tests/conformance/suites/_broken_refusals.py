@@ -1,9 +1,9 @@
 """A deliberately broken float8 reduction for the ``refusals`` suite (a ``BrokenDist``, see
-``tests.suites._broken_dist``)."""
+``tests.conformance.suites._broken_dist``)."""
 
 from __future__ import annotations
 
-from tests.suites._broken_dist import BrokenDist, _dist
+from tests.conformance.suites._broken_dist import BrokenDist, _dist
 
 
 def _all_reduce_float8_as_bytes(tensor, op=None, group=None, async_op=False):

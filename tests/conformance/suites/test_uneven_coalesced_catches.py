@@ -17,4 +17,4 @@ def test_a_coalesced_all_gather_that_handles_one_tensor(ranks):
     with pytest.raises(ConformanceFailure, match=r"coalesced collectives called directly on int64 over gloo is wrong:\n"
                                                  r"  rank 0: allgather_into_tensor_coalesced: tensor 1 of 3 \(17 per "
                                                  r"rank\): \d+ of 34 elements differ bitwise"):
-        uneven_coalesced.check_coalesced_direct(ranks, "int64", impl="tests.suites._broken_coalesced:COALESCED_GATHERS_FIRST_ONLY")
+        uneven_coalesced.check_coalesced_direct(ranks, "int64", impl="tests.conformance.suites._broken_coalesced:COALESCED_GATHERS_FIRST_ONLY")

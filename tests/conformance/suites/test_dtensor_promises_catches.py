@@ -10,9 +10,9 @@ import pytest
 
 from conformance.checks import ConformanceFailure
 from conformance.suites import test_dtensor_promises as promises
-from tests.suites._caught import caught
+from tests.conformance.suites._caught import caught
 
-BROKEN = "tests.suites._broken_dtensor_promises:"
+BROKEN = "tests.conformance.suites._broken_dtensor_promises:"
 
 pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
 

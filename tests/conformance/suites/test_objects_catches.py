@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from conformance.suites import test_objects as objects
-from tests.suites._caught import caught
+from tests.conformance.suites._caught import caught
 
-BROKEN = "tests.suites._broken_objects:"
+BROKEN = "tests.conformance.suites._broken_objects:"
 
 pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
 

@@ -1,5 +1,5 @@
 """The ``p2p_ordering`` suite catches what it claims: each broken ``batch_isend_irecv`` of
-``tests.suites._broken_p2p`` fails the check that covers it, with a message naming the backend, the
+``tests.conformance.suites._broken_p2p`` fails the check that covers it, with a message naming the backend, the
 rank and the operation, while the real one passes the same check."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from conformance.suites import test_p2p_ordering as ordering
-from tests.suites._caught import caught
+from tests.conformance.suites._caught import caught
 
-BROKEN = "tests.suites._broken_p2p:"
+BROKEN = "tests.conformance.suites._broken_p2p:"
 
 pytestmark = pytest.mark.world_size(2)  # the messages asserted name the ranks of a 2-rank run
 

@@ -14,7 +14,7 @@ from conformance.suites import test_symmetric_memory as suite
 
 # Imported only inside the ranks (as their setup module): importing it here would patch torch's
 # symmetric-memory functions in this pytest process too, for every later test of the process.
-RULE = "tests.suites.symm_backend_rule"
+RULE = "tests.conformance.suites.symm_backend_rule"
 
 
 def calls_on_rank(ctx):

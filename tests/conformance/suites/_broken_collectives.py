@@ -1,7 +1,7 @@
 """Deliberately broken collectives, handed to the typed-collectives suite by import path.
 
 Each is a ``CollectiveSet`` that differs from the real one in one way; the suite's rank functions
-import this module on every rank (``impl="tests.suites._broken_collectives:NAME"``).
+import this module on every rank (``impl="tests.conformance.suites._broken_collectives:NAME"``).
 """
 
 from __future__ import annotations

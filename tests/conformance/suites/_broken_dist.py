@@ -2,7 +2,7 @@
 
 Each is a ``BrokenDist``: every function is torch.distributed's own except the one or two it replaces,
 each wrong in one way. The suites' rank functions import this module on every rank
-(``impl="tests.suites._broken_dist:NAME"``) and run over the same real process group.
+(``impl="tests.conformance.suites._broken_dist:NAME"``) and run over the same real process group.
 """
 
 from __future__ import annotations

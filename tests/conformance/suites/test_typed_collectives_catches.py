@@ -1,7 +1,7 @@
 """The typed-collectives suite catches what it claims: each broken collective below fails the checks
 that cover it, with a message naming the collective and the direction, and leaves the others green.
 
-The broken implementations live in ``tests.suites._broken_collectives``; the suite's rank functions
+The broken implementations live in ``tests.conformance.suites._broken_collectives``; the suite's rank functions
 import them on every rank by name, over the same real process group the suite uses.
 """
 
@@ -14,7 +14,7 @@ from conformance.suites import _typed_checks as checks
 from conformance.suites import _typed_programs as programs
 from conformance.suites import test_typed_collectives as suite
 
-BROKEN = "tests.suites._broken_collectives:"
+BROKEN = "tests.conformance.suites._broken_collectives:"
 
 
 def test_all_gather_in_wrong_rank_order_fails_the_functional_forward_check(ranks):

@@ -1,7 +1,7 @@
 """TEST DOUBLE: a CPU reference implementation of symmetric memory, and deliberately broken variants.
 
 Not a backend and never reported as one: the project's own tests hand these classes (by import
-path, e.g. ``"tests.suites.symm_reference:ReferenceSymmetricMemory"``) to the symmetric-memory suite's
+path, e.g. ``"tests.conformance.suites.symm_reference:ReferenceSymmetricMemory"``) to the symmetric-memory suite's
 bodies, which run in the rank processes of a real gloo pool. The bodies cannot run on real symmetric
 memory here (torch has none for CPU), so this shows they pass on a correct implementation of the
 semantics and fail on each bug below.
