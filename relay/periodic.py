@@ -91,8 +91,10 @@ class PeriodicThread:
             except Exception:  # noqa: BLE001 - a store that is down lets the lease end by itself
                 log.warning("%s: could not hand back its lease; it ends within %.0f s", self.name, self.lease.seconds)
 
-    def wake(self) -> None:
-        """Run the next pass now instead of at the end of the interval."""
+    def wake(self, _changed: object = None) -> None:
+        """Run the next pass now instead of at the end of the interval. ``_changed`` (what a caller says
+        changed, a run's key) is not needed: a pass reads what changed from the store. A part of another
+        flow is handed this method itself, so waking a worker runs no code of the worker's flow."""
         self._wake.set()
 
     @property
