@@ -166,11 +166,15 @@ def _title(session: Session, delivery_id: str) -> str | None:
 
 def record_sent(session: Session, dispatch: Dispatch, now: dt.datetime) -> list[int]:
     """The run rows a dispatch marked sent creates or cancels: a run-starting dispatch gets its
-    ``dispatched`` row; a ``pull_request.closed`` one cancels the backend's open runs of that PR that
+    ``dispatched`` row, unless its run called back first and has one; a ``pull_request.closed`` one cancels the backend's open runs of that PR that
     were dispatched before it. Returns the ids of the runs written."""
     payload = dispatch.client_payload or {}
     sent_at = dispatch.sent_at or now
     if starts_a_run(payload):
+        # The downstream run may call back before its dispatch is marked sent (GitHub answered, the run
+        # started and its callback took the dispatch's lock first): ``bind`` has made the run's row then.
+        if session.scalar(select(RunRow.id).where(RunRow.dispatch_id == dispatch.id).limit(1)) is not None:
+            return []
         row = _new_row(dispatch, _title(session, dispatch.delivery_id), sent_at, now)
         session.add(row)
         session.flush()

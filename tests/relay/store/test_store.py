@@ -144,3 +144,26 @@ def test_concurrent_claimers_never_share_a_row(database_url):
     assert sum(1 for result in results if result) >= 2
     for store in stores:
         store.close()
+
+
+@pytest.mark.parametrize("first", ["callback", "sent"])
+def test_a_run_that_calls_back_before_its_dispatch_is_marked_sent_is_still_one_run(store, first):
+    """GitHub accepts the dispatch, the downstream run starts and calls back, and only then does the dispatcher
+    mark the dispatch sent: the callback made the run's row, and marking it sent must not add a second one (a
+    ``dispatched`` run that never starts, timed out later as if the backend never ran)."""
+    from relay.store import NewDispatch
+    from relay.store.results_operations import CallbackUpdate
+    from relay.store.run_states import RunState
+
+    payload = {"event": "push", "repository": "pytorch/pytorch", "head": {"sha": "c" * 40, "ref": "main"}}
+    store.record_delivery(new_delivery("d1"), [NewDispatch(backend="a", repository="org/a", event_type="push",
+                                                           client_payload=payload, nonce="d1-a")])
+    (row,) = store.claim_dispatches("p1", limit=10, lease_seconds=30)
+    started = CallbackUpdate(dispatch_id=row.id, run_id=5001, run_attempt=1, target=RunState.in_progress)
+    if first == "sent":
+        assert store.finish_dispatch(row.id, "p1", state="sent", attempted=True, last_status=204)
+    store.apply_callback(started)
+    if first == "callback":
+        assert store.finish_dispatch(row.id, "p1", state="sent", attempted=True, last_status=204)
+    runs = store.runs(backend="a")
+    assert [(run.run_id, run.state) for run in runs] == [(5001, "in_progress")], runs
