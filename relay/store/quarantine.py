@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from sqlalchemy import DateTime, String, Text, delete, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
@@ -47,8 +48,13 @@ class QuarantineView:
 
 
 def add(session: Session, worker: str, subject: str, error: str, now: dt.datetime) -> None:
-    if session.get(QuarantinedRow, (worker, subject)) is None:
-        session.add(QuarantinedRow(worker=worker, subject=subject, error=error[:4000], quarantined_at=now))
+    if session.get(QuarantinedRow, (worker, subject)) is not None:
+        return
+    try:
+        with session.begin_nested():
+            session.add(QuarantinedRow(worker=worker, subject=subject, error=error[:4000], quarantined_at=now))
+    except IntegrityError:  # another pass (another thread, another replica) set the same row aside first
+        pass
 
 
 def each_row(

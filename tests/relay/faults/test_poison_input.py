@@ -144,3 +144,42 @@ def test_a_row_set_aside_shows_on_the_dashboard_and_metrics_and_an_operator_retr
     assert relay.store.quarantined() == []
     relay.parts.results.reruns.poll_once()  # tried again: it fails the same way and is set aside again
     assert [e.subject for e in relay.store.quarantined()] == ["delivery broken-request"]
+
+
+def test_two_passes_setting_the_same_row_aside_at_once_both_go_on(store, database_url):
+    """Two passes (two threads, two replicas) that fail on the same row quarantine it at once: the second
+    waits on the first's uncommitted entry, then keeps it and commits its own work (no unique violation)."""
+    import datetime as dt
+    import threading
+
+    from sqlalchemy.orm import Session
+
+    from relay.store import quarantine
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite lets one writer in at a time: the second pass cannot overlap the first")
+    now = dt.datetime(2026, 1, 1)
+    first, second = Session(store.engine), Session(store.engine)
+    errors: list[BaseException] = []
+    first.begin()
+    quarantine.add(first, "re-runs", "delivery d1", "AttributeError: first", now)
+    first.flush()
+
+    def other_pass() -> None:
+        try:
+            with second.begin():
+                quarantine.add(second, "re-runs", "delivery d1", "AttributeError: second", now)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    racer = threading.Thread(target=other_pass)
+    racer.start()
+    racer.join(1.0)
+    assert racer.is_alive(), "the second pass should wait on the first's uncommitted entry"
+    first.commit()
+    racer.join(30)
+    assert errors == []
+    with Session(store.engine) as reader:
+        assert [(v.subject, v.error) for v in quarantine.list_views(reader, 10)] == [("delivery d1", "AttributeError: first")]
+    first.close()
+    second.close()
