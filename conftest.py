@@ -12,19 +12,17 @@ import pytest
 os.environ.setdefault("CONFORMANCE_RANK_DEFAULT_DEVICE", "meta")
 
 
-
 # The pytest plugins installed for the project's own API-fuzzing and property tests (schemathesis, hypothesis)
 # and anyio's, which no test uses. The pytest processes that tests start (pytester's, `conformance run`,
 # torchrun's ranks) run the suites and load none of them: about 1 s less of start-up each, and closer to a user's
 # `.[suite]` install, which has none of them.
-_PLUGINS_FOR_THIS_PROCESS_ONLY = ("schemathesis", "hypothesispytest", "anyio")
+_BLOCK_UNUSED_PLUGINS = " ".join(f"-p no:{name}" for name in ("schemathesis", "hypothesispytest", "anyio"))
 
 
 def pytest_configure(config):
     # Not in a process about to start xdist workers: they run the tests that need these plugins.
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
-        blocked = " ".join(f"-p no:{name}" for name in _PLUGINS_FOR_THIS_PROCESS_ONLY)
-        os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {blocked}".strip()
+        os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {_BLOCK_UNUSED_PLUGINS}".strip()
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +30,7 @@ def _pytester_runs_without_unused_plugins(request, monkeypatch):
     """pytester clears PYTEST_ADDOPTS for its runs: give them back the plugins' block (and nothing else)."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester")
-        monkeypatch.setenv("PYTEST_ADDOPTS", " ".join(f"-p no:{name}" for name in _PLUGINS_FOR_THIS_PROCESS_ONLY))
+        monkeypatch.setenv("PYTEST_ADDOPTS", _BLOCK_UNUSED_PLUGINS)
 
 
 # The order of the project's own test run: the costliest test files first, by the seconds each took in the

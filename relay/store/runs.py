@@ -166,8 +166,8 @@ def _title(session: Session, delivery_id: str) -> str | None:
 
 def record_sent(session: Session, dispatch: Dispatch, now: dt.datetime) -> list[int]:
     """The run rows a dispatch marked sent creates or cancels: a run-starting dispatch gets its
-    ``dispatched`` row, unless its run called back first and has one; a ``pull_request.closed`` one cancels the backend's open runs of that PR that
-    were dispatched before it. Returns the ids of the runs written."""
+    ``dispatched`` row, unless its run called back first and has one; a ``pull_request.closed`` one cancels
+    the backend's open runs of that PR that were dispatched before it. Returns the ids of the runs written."""
     payload = dispatch.client_payload or {}
     sent_at = dispatch.sent_at or now
     if starts_a_run(payload):
