@@ -9,9 +9,9 @@ DTensor must too). A case passes when the output placements are valid for an ind
 gathered result equals eager's, or when both raise.
 
 Test ids read ``test_argmax[Shard(1)-dim=None-ties_across_shards-float32]`` (``dim=0,keepdim`` with
-keepdim). The cases of one placement on a mesh are evaluated by one ranks.run (``_evaluations``: cached in
-this process, evaluated again, at most twice, after a rank crash or a timeout), each id then asserts its own
-record, so a few thousand cases cost seconds. ``test_compiled`` compares torch.compile with eager on bool inputs and on ties.
+keepdim). The cases of one placement on a mesh are evaluated in batches of ``CASES_PER_EVALUATION``, one
+ranks.run each (``_evaluations``: cached in this process, evaluated again, at most twice, after a rank crash
+or a timeout), each id then asserts its own record, so a few thousand cases cost seconds. ``test_compiled`` compares torch.compile with eager on bool inputs and on ties.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from conformance import requires, world_size
 from conformance.suites import _argminmax as matrix
-from conformance.suites._evaluations import Evaluations, assert_verdicts
+from conformance.suites._evaluations import Evaluations, assert_verdicts, batches
 
 pytestmark = requires("dtensor")
 
@@ -35,17 +35,17 @@ def _params(mesh: str, op: str):
 
 
 @functools.cache
-def _keys_of_placement(mesh: str, placement: str) -> tuple[str, ...]:
-    return tuple(matrix.case_key(c) for c in matrix.cases(mesh) if c.placement == placement)
+def _batches_of_placement(mesh: str, placement: str) -> dict[str, tuple[str, ...]]:
+    return batches([matrix.case_key(c) for c in matrix.cases(mesh) if c.placement == placement])
 
 
 def check_case(ranks, case: matrix.Case, *, mesh: str = "1d", handler: str = "dtensor",
                only: tuple[str, ...] | None = None) -> None:
-    """Assert one case of the matrix, evaluating on first use the cases in ``only``, or else every
-    case of the mesh with the case's placement (one evaluation per placement: a rank that crashes
-    takes only that placement's evaluation with it)."""
+    """Assert one case of the matrix, evaluating on first use the cases in ``only``, or else the batch
+    of the case's placement on the mesh that holds it (a rank that crashes takes only that batch's
+    evaluation with it, and a mesh never mixes placements within one evaluation)."""
     if only is None:
-        only = _keys_of_placement(mesh, case.placement)
+        only = _batches_of_placement(mesh, case.placement)[matrix.case_key(case)]
     per_rank = _EVALUATIONS.records(ranks, ("matrix", mesh, handler, only), matrix.evaluate_matrix, mesh, handler,
                                     only)
     assert_verdicts(per_rank, matrix.case_key(case), lambda record: matrix.verdict(case, record),

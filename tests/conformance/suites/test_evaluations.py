@@ -102,3 +102,23 @@ def test_a_timed_out_evaluation_is_evaluated_again_with_a_warning(tmp_path):
                                                   r"after 3 s; no answer from rank 1"):
             per_rank = Evaluations().records(quick, ("hang",), hang_first_call, str(tmp_path / "calls"))
     assert per_rank == [{"case": {"rank": 0}}, {"case": {"rank": 1}}]
+
+
+def test_batches_cut_the_keys_in_order_and_every_key_finds_its_own():
+    keys = [f"case{i}" for i in range(7)]
+    by_key = _evaluations.batches(keys, size=3)
+    assert list(by_key) == keys
+    assert sorted(set(by_key.values())) == [("case0", "case1", "case2"), ("case3", "case4", "case5"), ("case6",)]
+    assert all(key in batch for key, batch in by_key.items())
+
+
+def test_the_argminmax_suite_evaluates_a_placement_in_batches_that_never_mix_placements():
+    from conformance.suites import _argminmax as matrix
+    from conformance.suites import test_dtensor_argminmax as suite
+
+    for mesh in ("1d", "2d"):
+        for case in matrix.cases(mesh)[::97]:
+            batch = suite._batches_of_placement(mesh, case.placement)[matrix.case_key(case)]
+            assert matrix.case_key(case) in batch and 1 <= len(batch) <= _evaluations.CASES_PER_EVALUATION
+            placements = {c.placement for c in matrix.cases(mesh) if matrix.case_key(c) in batch}
+            assert placements == {case.placement}
