@@ -5,11 +5,19 @@ Set before any pool starts; rank processes, xdist workers and `conformance run` 
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("CONFORMANCE_RANK_DEFAULT_DEVICE", "meta")
+
+# The run starts hundreds of fresh interpreters (xdist workers, pytester and `conformance run` subprocesses,
+# rank processes, torchrun's, `relay serve`): with PYTHONDONTWRITEBYTECODE set (some images set it), each one
+# compiles the project's modules again and pytest rewrites every plugin module again. The tests write their
+# caches; what they check does not depend on it (docs/benchmarks.md, "Bytecode caches in the test run").
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 # The pytest plugins installed for the project's own API-fuzzing and property tests (schemathesis, hypothesis)
