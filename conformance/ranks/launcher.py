@@ -35,7 +35,7 @@ from multiprocessing.connection import wait
 
 from conformance.ranks import protocol
 from conformance.ranks.pool import RankCrashed, RankError, RankPool
-from conformance.ranks.process import RankProcess
+from conformance.ranks.process import SPAWN, RankProcess
 
 __all__ = ["LauncherPool", "LauncherWorld", "RunEnd", "WorldLost", "peer_margin"]
 
@@ -106,6 +106,8 @@ class LauncherPool(RankPool):
     """A ``RankPool`` whose world is the launcher's: this process controls rank ``world.rank`` only."""
 
     def __init__(self, *, world: LauncherWorld, shared_root: str | None = None, **kwargs):
+        # One rank per launcher process: a fork server would cost an import of torch, not save one.
+        kwargs.setdefault("start_method", SPAWN)
         super().__init__(world_size=world.world_size, **kwargs)
         self.world = world
         self.prefix = f"conformance/{world.run_key}/"
@@ -142,7 +144,8 @@ class LauncherPool(RankPool):
             "symmetric_memory_backend": self.symmetric_memory_backend, "node": world.node,
         }
         env = self._rank_env(world.local_world_size)
-        self.ranks = [RankProcess.spawn(world.rank, config, self.workdir / f"rank{world.rank}.log", env)]
+        self.ranks = [RankProcess.spawn(world.rank, config, self.workdir / f"rank{world.rank}.log", env,
+                                        self.start_method)]
 
     def run_with_timeout(self, timeout, fn, *args, **kwargs):
         """Rank 0's call is the world's: the other controllers check that they reached the same function
@@ -201,7 +204,7 @@ class LauncherPool(RankPool):
                     name, body = protocol.recv_or_unreadable(proc.conn)
                 except (EOFError, OSError):
                     try:
-                        proc.popen.wait(timeout=10)
+                        proc.wait(timeout=10)
                     except Exception:  # noqa: BLE001 - described below either way
                         pass
                     mine = (protocol.RANK_GONE, {"message": proc.death_description(f" on {self.world.node}"),

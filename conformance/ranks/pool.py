@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conformance.ranks import protocol
-from conformance.ranks.process import RankProcess
+from conformance.ranks.process import RankProcess, default_start_method
 
 __all__ = ["DEFAULT_DEVICE_ENV", "RankCrashed", "RankError", "RankPool", "RankTimeout", "RemoteError"]
 
@@ -95,7 +95,7 @@ class RankPool:
                  setup_modules: tuple[str, ...] = (), timeout: float = 300.0,
                  startup_timeout: float = 180.0, grace: float = 5.0, workdir: str | None = None,
                  env: dict[str, str] | None = None, default_device: str | None = None,
-                 symmetric_memory_backend: str | None = None):
+                 symmetric_memory_backend: str | None = None, start_method: str | None = None):
         self.descriptor = descriptor
         self.device_type = device_type
         self.backend = backend
@@ -107,6 +107,7 @@ class RankPool:
         self.env = dict(os.environ if env is None else env)
         self.default_device = default_device or self.env.get(DEFAULT_DEVICE_ENV) or None
         self.symmetric_memory_backend = symmetric_memory_backend
+        self.start_method = start_method or default_start_method(device_type)  # process.RankProcess.spawn
         self._tmp = tempfile.TemporaryDirectory(prefix=f"conformance-{descriptor}-{world_size}r-", dir=workdir)
         self.workdir = Path(self._tmp.name)
         self.shared_dir = self.workdir / "shared"
@@ -167,8 +168,8 @@ class RankPool:
             "symmetric_memory_backend": self.symmetric_memory_backend,
         }
         env = self._rank_env(self.world_size)
-        self.ranks = [RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env)
-                      for rank in range(self.world_size)]
+        self.ranks = [RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env,
+                                        self.start_method) for rank in range(self.world_size)]
 
     def _rank_env(self, ranks_here: int) -> dict[str, str]:
         env = dict(self.env)
@@ -340,7 +341,7 @@ class RankPool:
                     try:
                         name, body = protocol.recv_or_unreadable(rank.conn)
                     except (EOFError, OSError):
-                        rank.popen.wait(timeout=10)
+                        rank.wait(timeout=10)
                         name, body = protocol.RANK_GONE, {}
                     if self._late(rank.rank, name, body, wanted, call):
                         continue

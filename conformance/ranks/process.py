@@ -1,8 +1,10 @@
-"""Rank processes: spawn one, watch it, read its last output, kill it.
+"""Rank processes: start one, watch it, read its last output, kill it.
 
-Used only by ``conformance.ranks.pool``. Each rank is ``python -m conformance.ranks.worker`` with one
-end of a socketpair as its channel and its stdout/stderr in a log file, so a crash can be reported
-with the rank's last lines.
+Used by ``conformance.ranks.pool`` and ``launcher``. Each rank has one end of a socketpair as its
+channel and its stdout/stderr in a log file, so a crash can be reported with the rank's last lines.
+It starts by one of two methods (``start_method``): a fresh ``python -m conformance.ranks.worker``
+(``spawn``), or forked by the controller's server that has imported torch once (``forkserver``, by default for CPU
+ranks only: ``default_start_method``, ``conformance.ranks.forkserver``).
 """
 
 from __future__ import annotations
@@ -17,44 +19,67 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from conformance.ranks import protocol
+from conformance.ranks import forkserver, protocol
 
 FATAL_ERROR = "Fatal Python error:"  # faulthandler's first line when a signal kills the rank
+
+
+SPAWN, FORKSERVER = "spawn", "forkserver"
+
+
+def default_start_method(device_type: str) -> str:
+    """How a pool starts ranks of ``device_type``: forked from a server that has imported torch on CPU
+    (each fresh rank costs about 2 s of the cores the ranks share, again on every respawn); fresh
+    interpreters on an accelerator, whose runtime must never be inherited across a fork."""
+    return FORKSERVER if device_type == "cpu" else SPAWN
 
 
 @dataclass
 class RankProcess:
     rank: int
-    popen: subprocess.Popen
+    process: subprocess.Popen | forkserver.ForkedRank  # either way: pid, poll(), wait(timeout)
     conn: Connection
     log_path: Path
 
     @classmethod
-    def spawn(cls, rank: int, config: dict, log_path: Path, env: dict[str, str]) -> "RankProcess":
+    def spawn(cls, rank: int, config: dict, log_path: Path, env: dict[str, str],
+              method: str = SPAWN) -> "RankProcess":
+        """Start rank ``rank`` by ``method`` (``SPAWN`` or ``FORKSERVER``)."""
+        if method not in (SPAWN, FORKSERVER):
+            raise ValueError(f"unknown start method {method!r}: expected {SPAWN!r} or {FORKSERVER!r}")
         parent_sock, child_sock = socket.socketpair()
         child_fd = child_sock.fileno()
-        log = open(log_path, "wb")
         try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "conformance.ranks.worker", json.dumps({**config, "fd": child_fd})],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(child_fd,), env=env, close_fds=True,
-            )
+            if method == FORKSERVER:
+                process = forkserver.fork_rank(config, child_fd, str(log_path), env)
+            else:
+                with open(log_path, "wb") as log:
+                    process = subprocess.Popen(
+                        [sys.executable, "-m", "conformance.ranks.worker", json.dumps({**config, "fd": child_fd})],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                        pass_fds=(child_fd,), env=env, close_fds=True,
+                    )
+        except BaseException:
+            parent_sock.close()
+            raise
         finally:
-            log.close()
             child_sock.close()
         conn = Connection(parent_sock.detach())
-        return cls(rank=rank, popen=popen, conn=conn, log_path=log_path)
+        return cls(rank=rank, process=process, conn=conn, log_path=log_path)
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        return self.process.pid
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.process.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        """The exit code once the rank has exited; ``subprocess.TimeoutExpired`` after ``timeout`` s."""
+        return self.process.wait(timeout=timeout)
 
     def exit_description(self) -> str:
-        code = self.popen.poll()
+        code = self.process.poll()
         if code is None:
             return "still running"
         if code < 0:
@@ -100,11 +125,11 @@ class RankProcess:
     def kill(self) -> None:
         if self.alive():
             try:
-                os.kill(self.popen.pid, signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         try:
-            self.popen.wait(timeout=10)
+            self.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
@@ -116,7 +141,7 @@ class RankProcess:
         except OSError:
             pass
         try:
-            self.popen.wait(timeout=grace)
+            self.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
         self.kill()

@@ -1,4 +1,5 @@
-"""The code that runs inside one rank process (``python -m conformance.ranks.worker CONFIG``).
+"""The code that runs inside one rank process (``python -m conformance.ranks.worker CONFIG``, or ``run``
+in a process forked by ``conformance.ranks.forkserver``).
 
 Started by ``conformance.ranks.process``; imports neither pytest nor the plugin. It imports the
 descriptor's setup modules, joins the process group through the controller's TCPStore, then serves
@@ -25,7 +26,7 @@ from conformance.ranks import protocol
 from conformance.ranks.context import RankContext
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this rank when the controller dies, so no rank outlives its session."""
     if sys.platform.startswith("linux"):
         try:
@@ -198,9 +199,14 @@ class Rank:
 
 
 def main(argv: list[str]) -> int:
-    _die_with_parent()
+    return run(json.loads(argv[0]))
+
+
+def run(config: dict) -> int:
+    """Be the rank ``config`` describes, its channel at file descriptor ``config["fd"]``, until shut down;
+    the process's exit code."""
+    die_with_parent()
     faulthandler.enable()  # a rank killed by a signal leaves its Python stack in its log (shown in RankCrashed)
-    config = json.loads(argv[0])
     conn = Connection(config["fd"])
     rank = Rank(conn, config)
     try:

@@ -173,8 +173,9 @@ def test_start_up_that_never_answers_times_out_naming_the_ranks():
     assert "slow pool (2 ranks, gloo): start-up timed out after 2 s; no answer from rank 0, 1" in str(info.value)
 
 
-def test_close_leaves_no_processes():
-    pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2)
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_close_leaves_no_processes(method):
+    pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, start_method=method)
     pool.run(fns.rank_and_sum, 0)
     pids = pool.pids()
     pool.close()
@@ -182,14 +183,16 @@ def test_close_leaves_no_processes():
     assert not pool.workdir.exists()
 
 
-def test_ranks_die_with_a_killed_controller(tmp_path):
-    """kill -9 of the controller (no cleanup code runs) still takes its ranks down."""
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ranks_die_with_a_killed_controller(tmp_path, method):
+    """kill -9 of the controller (no cleanup code runs) still takes its ranks down (forked ranks: with the
+    fork server, which dies with the controller)."""
     script = textwrap.dedent(f"""
         import json, sys, time
         sys.path.insert(0, {os.getcwd()!r})
         from conformance.ranks import RankPool
         from tests.conformance import rank_functions as fns
-        pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2)
+        pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, start_method={method!r})
         pool.run(fns.rank_and_sum, 0)
         print(json.dumps(pool.pids()), flush=True)
         time.sleep(600)

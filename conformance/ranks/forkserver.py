@@ -1,0 +1,254 @@
+"""CPU rank processes forked from one server that has imported torch, instead of fresh interpreters.
+
+Importing torch costs a rank about 2 s of CPU; on a CPU backend the ranks share the few cores the run has,
+and a pool started again after a crash pays it again for every rank. So a controller starts one server
+(``main``, in a fresh interpreter) that imports torch and ``torch.distributed`` and forks a
+rank for each request: the rank then sets up its environment, working directory, import path, thread
+count and log as a fresh one would have them, and runs ``worker.run``.
+
+Only for CPU ranks (``process.start_method``): an accelerator's runtime must never be inherited across a
+fork, and an out-of-tree device's extension may start it as torch imports it.
+
+The server imports nothing of the controller and never touches a device. It dies with its controller
+(``PR_SET_PDEATHSIG``), and its ranks die with it. Each rank's exit status comes back through a pipe
+of its own, which the server writes when it reaps the rank: the controller reads it as it would a
+child's (``ForkedRank.poll``/``wait``).
+
+Wire: the controller sends one request at a time on a socket, ``(length, pickled request)`` with the
+rank's channel and status pipe as ancillary file descriptors; the server answers with the rank's pid.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+from typing import Any
+
+# Not ``-m``: the package imports this module first, and runpy would then run a second copy of it.
+_SERVER_MAIN = "import sys; from conformance.ranks.forkserver import main; sys.exit(main(sys.argv[1:]))"
+_LENGTH = struct.Struct("!I")
+_STATUS = struct.Struct("!i")
+
+
+class ForkedRank:
+    """A rank forked by the server: the parts of ``subprocess.Popen`` the pool uses."""
+
+    def __init__(self, pid: int, status_fd: int):
+        self.pid = pid
+        self._status_fd = status_fd
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._status_fd], [], [], 0)[0]:
+            self._read_status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._status_fd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout)
+            self._read_status()
+        return self.returncode
+
+    def _read_status(self) -> None:
+        data = os.read(self._status_fd, _STATUS.size)
+        # A server that died before reaping the rank (its ranks die with it): the rank was killed.
+        self.returncode = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else -signal.SIGKILL
+        os.close(self._status_fd)
+
+
+class ForkServer:
+    """The controller's end: starts the server on first use and asks it for ranks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+
+    def fork_rank(self, config: dict, channel_fd: int, log_path: str, env: dict[str, str]) -> ForkedRank:
+        """A rank running ``worker.run(config)`` with ``channel_fd`` as its channel and its output in
+        ``log_path``, in ``env``, the current working directory and import path."""
+        request = pickle.dumps({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd(),
+                                "search_path": [p for p in sys.path if p]}, protocol=pickle.HIGHEST_PROTOCOL)
+        status_r, status_w = os.pipe()
+        try:
+            with self._lock:
+                sock = self._running(env)
+                socket.send_fds(sock, [_LENGTH.pack(len(request)) + request], [channel_fd, status_w])
+                reply = _recv_exactly(sock, _STATUS.size)
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        if reply is None:
+            os.close(status_r)
+            raise RuntimeError(f"the rank fork server exited ({self._describe_exit()}); its output went to the "
+                               "controller's stderr")
+        return ForkedRank(_STATUS.unpack(reply)[0], status_r)
+
+    def _running(self, env: dict[str, str]) -> socket.socket:
+        if self._server is not None and self._server.poll() is None:
+            return self._sock
+        self.close()
+        mine, theirs = socket.socketpair()
+        # The server's own environment is the first pool's (what torch reads as it imports); each rank then
+        # sets its own.
+        self._server = subprocess.Popen([sys.executable, "-c", _SERVER_MAIN, str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        theirs.close()
+        self._sock = mine
+        return mine
+
+    def _describe_exit(self) -> str:
+        code = self._server.wait(timeout=10) if self._server is not None else None
+        return f"exit code {code}"
+
+    def close(self) -> None:
+        """Stop the server (its ranks die with it) and wait for it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._server is not None:
+            try:
+                self._server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
+            self._server = None
+
+
+_SERVER = ForkServer()
+atexit.register(_SERVER.close)  # so no server outlives the controller's exit, even for a moment
+
+
+def fork_rank(config: dict, channel_fd: int, log_path: str, env: dict[str, str]) -> ForkedRank:
+    """A rank forked by this process's server (see ``ForkServer.fork_rank``)."""
+    return _SERVER.fork_rank(config, channel_fd, log_path, env)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+# -- the server ------------------------------------------------------------------------------------
+
+def _serve(sock: socket.socket) -> None:
+    status_pipes: dict[int, int] = {}  # pid -> the write end of its status pipe
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes the loop
+    while True:
+        readable = select.select([sock, wake_r], [], [])[0]
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            _reap(status_pipes)
+        if sock in readable:
+            header = _recv_exactly_with_fds(sock)
+            if header is None:  # the controller is gone or done: so are we, and our ranks with us
+                return
+            request, (channel_fd, status_w) = header
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                sock.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                for fd in status_pipes.values():
+                    os.close(fd)
+                os.close(status_w)
+                _become_rank(request, channel_fd)  # never returns
+            os.close(channel_fd)
+            status_pipes[pid] = status_w
+            sock.sendall(_STATUS.pack(pid))
+            _reap(status_pipes)
+
+
+def _recv_exactly_with_fds(sock: socket.socket) -> tuple[dict, list[int]] | None:
+    data, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, 2)
+    if not data:
+        return None
+    rest = _recv_exactly(sock, _LENGTH.unpack(data)[0])
+    if rest is None or len(fds) != 2:
+        return None
+    return pickle.loads(rest), fds
+
+
+def _reap(status_pipes: dict[int, int]) -> None:
+    while status_pipes:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = status_pipes.pop(pid, None)
+        if fd is not None:
+            os.write(fd, _STATUS.pack(os.waitstatus_to_exitcode(status)))
+            os.close(fd)
+
+
+def _become_rank(request: dict[str, Any], channel_fd: int) -> None:
+    """In the forked child: the setting a fresh ``python -m conformance.ranks.worker`` would have, then
+    serve; exits with the worker's code (or 1 and the traceback in the log)."""
+    code = 1
+    try:
+        log = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        sys.path[:] = list(dict.fromkeys(request["search_path"] + sys.path))
+        import torch
+
+        # OpenMP read OMP_NUM_THREADS when the server loaded it: give the rank its own setting.
+        if env.get("OMP_NUM_THREADS", "").isdigit():
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        from conformance.ranks import worker
+
+        config = {**request["config"], "fd": channel_fd}
+        sys.argv = [worker.__file__, json.dumps(config)]  # as ``python -m conformance.ranks.worker CONFIG`` has it
+        code = worker.run(config)
+    except BaseException:  # noqa: BLE001 - reported in the rank's log, as a fresh rank's would be
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    from conformance.ranks.worker import die_with_parent
+
+    die_with_parent()
+    import torch  # noqa: F401 - what every rank would import: the reason this server exists
+    import torch.distributed  # noqa: F401
+
+    _serve(socket.socket(fileno=int(argv[0])))
+    return 0
