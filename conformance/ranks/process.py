@@ -2,9 +2,9 @@
 
 Used by ``conformance.ranks.pool`` and ``launcher``. Each rank has one end of a socketpair as its
 channel and its stdout/stderr in a log file, so a crash can be reported with the rank's last lines.
-It starts by one of two methods (``start_method``): a fresh ``python -m conformance.ranks.worker``
-(``spawn``), or forked by the controller's server that has imported torch once (``forkserver``, by default for CPU
-ranks only: ``default_start_method``, ``conformance.ranks.forkserver``).
+It starts by one of two methods: a fresh ``python -m conformance.ranks.worker`` (``SPAWN``), or forked
+by the controller's server that has imported torch once (``FORKSERVER``, ``conformance.ranks.forkserver``);
+``default_start_method`` chooses by device.
 """
 
 from __future__ import annotations
