@@ -191,3 +191,36 @@ def test_the_pinned_commit_has_every_input_the_example_and_the_guide_use():
     missing = used - interface(pinned)
     assert not missing, f"the example caller pins {pin[:12]}, whose workflow lacks {sorted(missing)}: pin a newer commit"
 
+
+
+def test_every_step_that_keeps_a_log_has_written_all_of_it_when_it_exits(tmp_path):
+    """A step tees its output into ``$STEP_LOGS`` through a process substitution, which outlives the step's
+    shell: the step must wait for it, or the report step may read a log without the error that failed the
+    step (seen as a run whose reason lacked the descriptor's error). Each step's own opening lines run here
+    under bash -e, with a ``tee`` that takes its time, and a failure right after."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "tee").write_text(f"#!/bin/sh\nsleep 0.5\nexec {shutil.which('tee')} \"$@\"\n")
+    (shim / "tee").chmod(0o755)
+    steps = [step for job in load(REUSABLE)["jobs"].values() for step in job.get("steps", [])
+             if 'exec > >(tee "$STEP_LOGS/' in step.get("run", "")]
+    assert len(steps) >= 6
+    for step in steps:
+        lines = step["run"].splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("exec > >(tee"))
+        opening = [lines[start]]  # the tee, then what the step does about it before its own work
+        for line in lines[start + 1:]:
+            if line.startswith("#"):
+                continue
+            if not line.startswith(("tee_pid=", "trap ")):
+                break
+            opening.append(line)
+        script = "\n".join(opening + ["echo 'the line that says why'", "exit 3"])
+        logs = tmp_path / step["id"]
+        logs.mkdir()
+        # No pipe of ours for the tee to hold: this returns when the shell exits, as a runner's step ends.
+        done = subprocess.run(["bash", "-e", "-c", script], env={"PATH": f"{shim}:/usr/bin:/bin", "STEP_LOGS": str(logs)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+        assert done.returncode == 3, step["id"]
+        log = logs / f"{step['id']}.log"
+        assert log.exists() and "the line that says why" in log.read_text(), step["id"]
