@@ -2,7 +2,7 @@
 
     python bench/project_test_time.py [--top 30] [--depth 2] [--write-costs tests/file_costs.json] [-- <pytest arguments>]
 
-Runs the test command (default ``python -m pytest -n 2 --dist loadfile``, the README's) once with a
+Runs the test command (default ``python -m pytest -n 3 --dist loadfile``, the README's) once with a
 JUnit file, then prints the wall time, the summed time of every test (setup, call and teardown), how
 busy the xdist workers were (summed time / (wall x workers), against a perfectly packed run: 100 %),
 the total per test folder (``--depth`` path parts) and the slowest tests. Repeatable: run it on a quiet
@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_COMMAND = ["-n", "2", "--dist", "loadfile"]
+DEFAULT_COMMAND = ["-n", "3", "--dist", "loadfile"]
 
 
 def workers_of(pytest_args: list[str]) -> int:
