@@ -77,9 +77,9 @@ class ForkServer:
 
     def fork_rank(self, config: dict, channel_fd: int, log_path: str, env: dict[str, str]) -> ForkedRank:
         """A rank running ``worker.run(config)`` with ``channel_fd`` as its channel and its output in
-        ``log_path``, in ``env``, the current working directory and import path."""
-        request = pickle.dumps({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd(),
-                                "search_path": [p for p in sys.path if p]}, protocol=pickle.HIGHEST_PROTOCOL)
+        ``log_path``, in ``env`` (its PYTHONPATH leading the import path) and the current working directory."""
+        request = pickle.dumps({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd()},
+                               protocol=pickle.HIGHEST_PROTOCOL)
         status_r, status_w = os.pipe()
         try:
             with self._lock:
@@ -93,8 +93,8 @@ class ForkServer:
             os.close(status_w)
         if reply is None:
             os.close(status_r)
-            raise RuntimeError(f"the rank fork server exited ({self._describe_exit()}); its output went to the "
-                               "controller's stderr")
+            raise RuntimeError(f"the rank fork server exited (exit code {self._server.wait(timeout=10)}); its "
+                               "output went to the controller's stderr")
         return ForkedRank(_STATUS.unpack(reply)[0], status_r)
 
     def _running(self, env: dict[str, str]) -> socket.socket:
@@ -109,10 +109,6 @@ class ForkServer:
         theirs.close()
         self._sock = mine
         return mine
-
-    def _describe_exit(self) -> str:
-        code = self._server.wait(timeout=10) if self._server is not None else None
-        return f"exit code {code}"
 
     def close(self) -> None:
         """Stop the server (its ranks die with it) and wait for it."""
@@ -222,7 +218,9 @@ def _become_rank(request: dict[str, Any], channel_fd: int) -> None:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
-        sys.path[:] = list(dict.fromkeys(request["search_path"] + sys.path))
+        # PYTHONPATH first, as a fresh interpreter has it (the pool puts the controller's import path there).
+        search_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = list(dict.fromkeys(search_path + sys.path))
         import torch
 
         # OpenMP read OMP_NUM_THREADS when the server loaded it: give the rank its own setting.

@@ -60,6 +60,7 @@ def test_shared_dir_is_shared(pool):
 
 
 def test_remote_exception_carries_every_failing_rank_traceback(pool):
+    pool.start()  # the pids compared below are those of running ranks, whichever test ran first
     pids = pool.pids()
     with pytest.raises(RankError) as info:
         pool.run(fns.raise_on_ranks, [0, 1])
