@@ -34,7 +34,7 @@ from sqlalchemy import text  # noqa: E402
 
 from relay.dispatch.dispatcher import Dispatcher  # noqa: E402
 from relay.github import GitHubClient  # noqa: E402
-from relay.store import NewDelivery, NewDispatch, Store  # noqa: E402
+from relay.store import NewDelivery, NewDispatch, Store, create_scratch_database, drop_scratch_database  # noqa: E402
 from relay.testing import FakeGitHub  # noqa: E402
 
 
@@ -99,29 +99,17 @@ def drain_once(fake: FakeGitHub, database: str, depth: int, sends: int, backends
 
 def _fresh_postgres(base_url: str) -> str:
     """A new database on the server of ``base_url`` (dropped at the end of the run)."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.engine import make_url
-
-    name = f"bench_drain_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    _CREATED.append((base_url, name))
-    return make_url(base_url).set(database=name).render_as_string(hide_password=False)
+    url = create_scratch_database(base_url, "bench_drain")
+    _CREATED.append((base_url, url))
+    return url
 
 
 _CREATED: list[tuple[str, str]] = []
 
 
 def _drop_created() -> None:
-    from sqlalchemy import create_engine
-
-    for base_url, name in _CREATED:
-        admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    for base_url, url in _CREATED:
+        drop_scratch_database(base_url, url)
 
 
 def main() -> int:

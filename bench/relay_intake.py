@@ -180,28 +180,23 @@ def _measure(name: str, server: subprocess.Popen, port: int, body: bytes, second
     return figures
 
 
-def _postgres_url() -> str | None:
-    admin = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
-    try:
-        import psycopg
-        from sqlalchemy.engine import make_url
+_ADMIN_URL = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
 
-        name = f"relay_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return make_url(admin).set(database=name).render_as_string(hide_password=False)
+
+def _postgres_url() -> str | None:
+    from relay.store import create_scratch_database
+
+    try:
+        return create_scratch_database(_ADMIN_URL, "relay_bench")
     except Exception as exc:  # noqa: BLE001 - any failure means "no PostgreSQL here"
         print(f"relay-postgresql   skipped: no PostgreSQL at RELAY_TEST_POSTGRES_URL ({type(exc).__name__})")
         return None
 
 
 def _drop(url: str) -> None:
-    import psycopg
-    from sqlalchemy.engine import make_url
+    from relay.store import drop_scratch_database
 
-    admin = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+    drop_scratch_database(_ADMIN_URL, url)
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ backend's first OIDC callback), ``level_holds`` (backends found below their leve
 ``database`` (engine, URL, migrations), ``facade`` (:class:`Store`: the intake and dispatch operations,
 one transaction each), ``results_operations`` (the results side's operations, mixed into ``Store``),
 ``group_commit`` (intake's writer thread: one transaction for every webhook pending), ``errors``
-(:class:`StoreUnavailable`). Migrations live in ``migrations/`` and run at every start-up.
+(:class:`StoreUnavailable`), ``scratch_databases`` (throw-away PostgreSQL databases for tests and
+benchmarks; the relay never uses it). Migrations live in ``migrations/`` and run at every start-up.
 
 To add a concept: a new module with its table(s) subclassing ``Base`` and functions taking a
 ``Session``; import it in ``models.py``; add ``migrations/versions/<next>_<name>.py`` whose
@@ -35,9 +36,12 @@ _EXPORTS = {
     "NewDelivery": "relay.store.deliveries",
     "NewDispatch": "relay.store.dispatches",
     "PullRequestSnapshot": "relay.store.pull_requests",
+    "ScratchDatabaseInUse": "relay.store.scratch_databases",
     "Store": "relay.store.facade",
     "StoreRefused": "relay.store.errors",
     "StoreUnavailable": "relay.store.facade",
+    "create_scratch_database": "relay.store.scratch_databases",
+    "drop_scratch_database": "relay.store.scratch_databases",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -53,15 +53,12 @@ def postgres_database():
     import psycopg
     from sqlalchemy.engine import make_url
 
-    admin = make_url(POSTGRES_ADMIN_URL)
+    from relay.store import create_scratch_database
+
     if not _session_database:
-        name = f"relay_test_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        _session_database.append(name)
-    database = _session_database[0]
+        _session_database.append(create_scratch_database(POSTGRES_ADMIN_URL, "relay_test"))
+    url = make_url(_session_database[0])
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    url = admin.set(database=database)
     with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
@@ -72,10 +69,9 @@ def _drop_test_database():
     yield
     if not _session_database:
         return
-    import psycopg
+    from relay.store import drop_scratch_database
 
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{_session_database[0]}" WITH (FORCE)')
+    drop_scratch_database(POSTGRES_ADMIN_URL, _session_database[0])
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -96,6 +92,15 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def postgres_url():
     yield from _fresh_postgres_url()
+
+
+@pytest.fixture
+def postgres_admin_url() -> str:
+    """The shared server's admin URL (a role allowed to CREATE DATABASE); skipped when no server answers."""
+    problem = _postgres_unavailable()
+    if problem:
+        pytest.skip(problem)
+    return POSTGRES_ADMIN_URL
 
 
 def _fresh_postgres_url():

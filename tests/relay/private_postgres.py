@@ -63,13 +63,15 @@ class PrivateCluster:
 
 
 @contextlib.contextmanager
-def private_cluster():
+def private_cluster(**settings: str):
+    """A started cluster; ``settings`` are server settings (``autovacuum_naptime="1s"``)."""
     folder = Path(tempfile.mkdtemp(prefix="relay-pg-"))
     shutil.chown(folder, "postgres", "postgres")
     cluster = PrivateCluster(folder, free_port())
     try:
         _as_postgres(str(BIN / "initdb"), "-D", str(cluster.data), "-A", "trust", "-U", "postgres", "--no-sync")
         options = f"-p {cluster.port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=60"
+        options += "".join(f" -c {name}={value}" for name, value in settings.items())
         _as_postgres(str(BIN / "pg_ctl"), "-D", str(cluster.data), "-o", options, "-w", "-l", str(folder / "log"), "start")
         yield cluster
     finally:

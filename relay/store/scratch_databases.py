@@ -1,0 +1,88 @@
+"""Scratch PostgreSQL databases, for the relay's tests and benchmarks: made under a fresh name, dropped after.
+
+Triggered by test fixtures and ``bench/`` scripts, never by the relay. Reads an *admin* URL: a role allowed
+to CREATE DATABASE, connected to a database other than the scratch one (``postgres``).
+
+Why dropping is not ``DROP DATABASE ... WITH (FORCE)``: FORCE terminates every other backend in the
+database first and, for a role that is not a superuser, refuses outright when one of them is an autovacuum
+worker ("must be a member of the role whose process is being terminated": the worker belongs to no role).
+A database written to for minutes gets autovacuumed, so FORCE failed at random after long runs. Here the
+role ends its *own* sessions in the database, then a plain DROP DATABASE asks any autovacuum worker to quit
+and waits (up to 5 s, the server's rule) for the ended sessions to go.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
+
+from relay.store.database import normalise_url
+
+__all__ = ["ScratchDatabaseInUse", "create_scratch_database", "drop_scratch_database"]
+
+# Scratch names are generated here, so a plain identifier suffices and needs no quoting rules.
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class ScratchDatabaseInUse(RuntimeError):
+    """A scratch database could not be dropped: sessions of another role are still connected to it."""
+
+
+def _admin_engine(admin_url: str):
+    return create_engine(normalise_url(admin_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+
+
+def _checked(name: str, what: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"{what} {name!r} is not a plain lower-case identifier ([a-z_][a-z0-9_]*, at most 63 characters)")
+    return name
+
+
+def create_scratch_database(admin_url: str, prefix: str) -> str:
+    """Create ``<prefix>_<12 hex digits>`` as the admin role; return its URL (the admin URL's credentials)."""
+    name = _checked(f"{prefix}_{uuid.uuid4().hex[:12]}", "scratch database name")
+    engine = _admin_engine(admin_url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_scratch_database(admin_url: str, database_url: str) -> None:
+    """Drop the database ``database_url`` names, ending the admin role's own sessions in it first.
+
+    Dropping one that is already gone is not an error. Raises :class:`ScratchDatabaseInUse` when sessions
+    of other roles outlive the server's wait.
+    """
+    name = _checked(make_url(database_url).database or "", "database name")
+    engine = _admin_engine(admin_url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND usename = current_user AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+            try:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != "55006":  # object_in_use
+                    raise
+                holders = connection.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE datname = :name"), {"name": name}
+                ).scalar_one()
+                raise ScratchDatabaseInUse(
+                    f"cannot drop scratch database {name!r}: {holders} session(s) of other roles are still "
+                    "connected to it; end them (pg_terminate_backend as their role or a superuser) and drop it again"
+                ) from exc
+    finally:
+        engine.dispose()
