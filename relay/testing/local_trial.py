@@ -35,12 +35,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from relay.testing.fake_github import FakeGitHub
 from relay.testing.oidc_issuer import FakeOidcIssuer
 from relay.testing.relay_process import RelayProcess
+from relay.testing.loopback import loopback_client
 
 __all__ = ["Trial", "act_command", "main", "offline_job_env"]
 
@@ -181,7 +181,7 @@ class Trial:
         """(the run, the PR's final commit status) once both exist, or None after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            runs = httpx.get(f"{self.relay.url}/api/prs/{number}", timeout=10).json().get("runs", {}).get(self.backend) or []
+            runs = loopback_client().get(f"{self.relay.url}/api/prs/{number}", timeout=10).json().get("runs", {}).get(self.backend) or []
             statuses = [s for s in self.github.statuses if s["sha"] == head_sha and s["state"] != "pending"
                         and s["context"] == f"crcr/{self.backend}"]
             if runs and runs[0]["state"] not in ("dispatched", "in_progress") and statuses:

@@ -1,7 +1,12 @@
-"""The HTTP server under each fake: 127.0.0.1, an OS-chosen port, served by a daemon thread.
+"""HTTP on 127.0.0.1: the server under each fake, and the client tests reach local servers with.
 
 A fake subclasses ``LoopbackServer`` and implements ``handler()``; it then starts and stops like
-any server (``with FakeX() as fake: fake.url``).
+any server (``with FakeX() as fake: fake.url``). Served by a daemon thread on an OS-chosen port.
+
+``loopback_client()`` is what tests send requests to a relay or a fake with. ``httpx.post`` and its
+kin build a client per call, and with it a TLS context that loads the whole CA bundle (about 30 ms of
+CPU) for a plain-HTTP request; the relay's tests sent thousands. The shared client keeps no connection
+alive, so every request still opens its own connection, as ``httpx.post`` does.
 """
 
 from __future__ import annotations
@@ -9,7 +14,22 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["LoopbackServer"]
+import httpx
+
+__all__ = ["LoopbackServer", "loopback_client"]
+
+_client: httpx.Client | None = None
+_client_lock = threading.Lock()
+
+
+def loopback_client() -> httpx.Client:
+    """The process's client for servers on this machine (thread-safe; proxy settings of the environment,
+    meant for the outside world, are ignored)."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
+        return _client
 
 
 class _Server(ThreadingHTTPServer):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+from relay.testing.loopback import loopback_client
 
 __all__ = ["RelayProcess", "free_port"]
 
@@ -53,7 +54,7 @@ class RelayProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"relay serve exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if loopback_client().get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -84,6 +85,6 @@ class RelayProcess:
     def post(self, event: str, payload: dict, delivery: str) -> httpx.Response:
         """A signed webhook of ``event`` with ``payload``, as GitHub sends it."""
         body = json.dumps(payload).encode()
-        return httpx.post(f"{self.url}/github/webhook", content=body, timeout=30, headers={
+        return loopback_client().post(f"{self.url}/github/webhook", content=body, timeout=30, headers={
             "X-GitHub-Event": event, "X-GitHub-Delivery": delivery, "X-Hub-Signature-256": self.signature(body),
             "Content-Type": "application/json"})

@@ -17,6 +17,7 @@ import httpx
 import uvicorn
 
 from relay.testing.relay_process import RelayProcess, free_port  # noqa: F401 (the tests' served relay)
+from relay.testing import loopback_client
 
 PAYLOADS_DIR = Path(os.environ.get("RELAY_TEST_PAYLOADS_DIR") or Path(__file__).resolve().parents[3] / "shared" / "github-payloads")
 SECRET = "test-secret"
@@ -153,7 +154,7 @@ class RelayUnderTest:
             "User-Agent": "GitHub-Hookshot/test",
         }
         sent.update(headers or {})
-        return httpx.post(f"{self.url}/github/webhook", content=body, headers={k: v for k, v in sent.items() if v is not None},
+        return loopback_client().post(f"{self.url}/github/webhook", content=body, headers={k: v for k, v in sent.items() if v is not None},
                           timeout=30)
 
     def wait_settled(self, timeout: float = 30.0) -> dict[str, int]:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from relay.testing.sample_report import conformance_report as report  # noqa: F401 (the results tests' report)
+from relay.testing import loopback_client
 from tests.relay.helpers import UPSTREAM, pr_payload, push_payload
 
 AUDIENCE = "crcr-relay-test"
@@ -69,7 +70,7 @@ class Driver:
         elif backend is not None:
             sent["Authorization"] = f"Token {TOKENS[backend]}"
         sent.update(headers or {})
-        return httpx.post(f"{self.relay.url}/github/callback", json=None if content is not None else body,
+        return loopback_client().post(f"{self.relay.url}/github/callback", json=None if content is not None else body,
                           content=content, headers=sent, timeout=30)
 
     def start(self, backend: str, nonce: str, run_id: int = 5001, attempt: int = 1, **kw) -> httpx.Response:

@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from relay.github import GitHubClient, PermanentError, RateLimitedError, RetryableError
 from relay.testing import FakeGitHub, Fault
+from relay.testing import loopback_client
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +170,8 @@ def test_wrong_app_key_is_permanent(app_key):
 
 
 def test_rerun_endpoints_are_recorded(fake_github):
-    import httpx
 
     headers = {"Authorization": "token test-token"}
-    assert httpx.post(f"{fake_github.url}/repos/org/ci/actions/runs/5/rerun", headers=headers).status_code == 201
-    assert httpx.get(f"{fake_github.url}/repos/org/ci", headers=headers).json()["url"] == f"{fake_github.url}/repos/org/ci"
+    assert loopback_client().post(f"{fake_github.url}/repos/org/ci/actions/runs/5/rerun", headers=headers).status_code == 201
+    assert loopback_client().get(f"{fake_github.url}/repos/org/ci", headers=headers).json()["url"] == f"{fake_github.url}/repos/org/ci"
     assert [r.endpoint for r in fake_github.requests] == ["workflow_rerun", "repository"]

@@ -7,6 +7,7 @@ import pytest
 from conformance.descriptors import DescriptorError, TrustLevel, packaged_backends_dir
 from relay.intake.events import normalise
 from relay.trust import LEVELS, BackendTarget, DisplayOnPR, Switches, load_allowlist, route
+from relay.testing import loopback_client
 from tests.relay.helpers import pr_payload, push_payload, write_backend
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 
@@ -125,7 +126,6 @@ def test_changing_a_row_of_the_levels_table_changes_what_the_relay_does(
 ):
     """Every part asks the table: swap rows, and forwarding, callbacks, the PR check, its blocking and
     the dashboard all follow (l2 gets L4's row, l3 L1's, l4 a row that forwards nothing)."""
-    import httpx
 
     from tests.relay.results_support import REPOS
 
@@ -148,6 +148,6 @@ def test_changing_a_row_of_the_levels_table_changes_what_the_relay_does(
                  what="l2's final status")
     assert final[-1]["state"] == "failure"
 
-    overview = httpx.get(f"{relay.url}/api/overview", timeout=30).json()
+    overview = loopback_client().get(f"{relay.url}/api/overview", timeout=30).json()
     assert [b["name"] for b in overview["backends"]] == ["l2"]
     assert sorted(overview["hidden_backends"]) == ["l1", "l3", "l4"]

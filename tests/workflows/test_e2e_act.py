@@ -15,10 +15,10 @@ two ranks over gloo); the relay and its fakes are shared by the token-mode cases
 from __future__ import annotations
 
 
-import httpx
 import pytest
 
 from bench.e2e_loop import BACKEND, PREMUL, Loop, torch_git_version, without_known_failure
+from relay.testing import loopback_client
 from tests.workflows.act_support import ACT_MARKS, real_pr_webhook, upstream_repository
 
 pytestmark = ACT_MARKS
@@ -78,10 +78,10 @@ def test_pass_with_the_relay_briefly_answering_503(loop, torch_commit):
     final = wait_final_status(loop, torch_commit)
     assert final["state"] == "success" and final["target_url"] == f"http://dashboard.e2e/runs/{run['run']}"
     assert [s["state"] for s in statuses(loop, torch_commit)][0] == "pending"
-    page = httpx.get(f"{loop.relay.url}/runs/{run['run']}").text
+    page = loopback_client().get(f"{loop.relay.url}/runs/{run['run']}").text
     assert "collectives" in page and "the tested torch is the dispatched commit" in page
-    assert f"/runs/{run['run']}" in httpx.get(f"{loop.relay.url}/prs/101").text
-    tests = httpx.get(f"{loop.relay.url}/api/tests/{SUM}").json()
+    assert f"/runs/{run['run']}" in loopback_client().get(f"{loop.relay.url}/prs/101").text
+    tests = loopback_client().get(f"{loop.relay.url}/api/tests/{SUM}").json()
     assert any(h["run"] == run["run"] and h["outcome"] == "passed" for h in tests["history"]), tests
 
 
@@ -97,7 +97,7 @@ def test_a_real_failing_test_fails_upstream(loop, torch_commit):
     assert PREMUL in failing and "PREMUL_SUM" in failing[PREMUL], failing
     final = wait_final_status(loop, torch_commit)
     assert final["state"] == "failure" and PREMUL in final["description"]
-    assert PREMUL in httpx.get(f"{loop.relay.url}/prs/102").text
+    assert PREMUL in loopback_client().get(f"{loop.relay.url}/prs/102").text
 
 
 def test_cancelled_while_the_suite_runs_reaches_the_relay(loop, torch_commit):
@@ -112,7 +112,7 @@ def test_cancelled_while_the_suite_runs_reaches_the_relay(loop, torch_commit):
     run = loop.wait_run(103, lambda r: r["state"] not in ("dispatched", "in_progress"), "the end of the run")
     assert run["state"] == "cancelled", act.log[-4000:]
     assert "relay: run" in act.log and "is cancelled (cancelled)" in act.log  # the final callback, after the interrupt
-    assert "the tested torch" not in httpx.get(f"{loop.relay.url}/runs/{run['run']}").text  # no report, no provenance
+    assert "the tested torch" not in loopback_client().get(f"{loop.relay.url}/runs/{run['run']}").text  # no report, no provenance
 
 
 def test_provenance_mismatch_is_never_a_pass(tmp_path, torch_commit):
@@ -140,7 +140,7 @@ def test_provenance_mismatch_is_never_a_pass(tmp_path, torch_commit):
         (check,) = checks
         assert (check["head_sha"], check["conclusion"]) == (other, "failure")
         assert f"tested torch built from {torch_commit[:12]}, expected {other[:12]}" in check["output"]["summary"]
-        assert "wrong torch" in httpx.get(f"{loop.relay.url}/runs/{run['run']}").text
+        assert "wrong torch" in loopback_client().get(f"{loop.relay.url}/runs/{run['run']}").text
         assert loop.fake.schema_violations == []
     finally:
         loop.close()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from bench.e2e_loop import ROOT, Loop
 from relay.testing.local_trial import offline_job_env
+from relay.testing import loopback_client
 from tests.workflows.act_support import ACT_MARKS, real_pr_webhook, upstream_repository
 
 pytestmark = ACT_MARKS
@@ -72,7 +72,7 @@ def final_status(loop: Loop, sha: str, timeout: float = 30) -> dict:
 def ended_run(loop: Loop, number: int) -> dict:
     run = loop.wait_run(number, lambda r: r["state"] not in ("dispatched", "in_progress"), "the end of the run",
                         backend=NPU)
-    return httpx.get(f"{loop.relay.url}/api/runs/{run['run']}", timeout=10).json()
+    return loopback_client().get(f"{loop.relay.url}/api/runs/{run['run']}", timeout=10).json()
 
 
 def test_an_install_that_fails_reaches_the_pr_with_its_step_and_last_lines(loop, tmp_path):

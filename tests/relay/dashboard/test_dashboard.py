@@ -6,9 +6,9 @@ import os
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
 
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 
@@ -134,25 +134,25 @@ def test_run_page(seeded, page):
 
 def test_json_api_behind_every_page(seeded):
     base = seeded.url
-    overview = httpx.get(f"{base}/api/overview").json()
+    overview = loopback_client().get(f"{base}/api/overview").json()
     assert [b["name"] for b in overview["backends"]] == ["l2", "l3", "l4"] and len(overview["rows"]) == 3
-    backend = httpx.get(f"{base}/api/backends/l2").json()
+    backend = loopback_client().get(f"{base}/api/backends/l2").json()
     assert backend["level"] == "L2" and len(backend["runs"]) == 3 and backend["runs"][0]["pass_rate"] == 1.0
     criteria = {(c["entry"], c["measure"]): c for c in backend["criteria"]}
     held = criteria[(False, "success_rate")]
     assert (held["level"], held["bar"], held["comparison"], held["value"], held["met"]) == ("L2", 0.7, "above", 1.0, True)
     assert criteria[(True, "days_at_level")]["met"] is None  # the descriptor says no level_since
-    pr = httpx.get(f"{base}/api/prs/63").json()
+    pr = loopback_client().get(f"{base}/api/prs/63").json()
     assert pr["title"] == XSS_TITLE and pr["diff"][0]["passing_on"] == ["l2"]
-    test = httpx.get(f"{base}/api/tests/collectives::test_broadcast").json()
+    test = loopback_client().get(f"{base}/api/tests/collectives::test_broadcast").json()
     assert test["latest"] == {"l2": "passed", "l3": "failed", "l4": "failed"}
-    failing = httpx.get(f"{base}/api/tests/failing").json()
+    failing = loopback_client().get(f"{base}/api/tests/failing").json()
     assert {(f["backend"], f["since_pr"], f["failures_in_a_row"]) for f in failing} == {("l3", 61, 3), ("l4", 61, 3)}
-    run = httpx.get(f"{base}/api/runs/{pr['runs']['l4'][0]['run']}").json()
+    run = loopback_client().get(f"{base}/api/runs/{pr['runs']['l4'][0]['run']}").json()
     assert run["failures"][0]["message"] == XSS_MESSAGE
-    assert httpx.get(f"{base}/api/backends/l1").status_code == 404  # L1 is not displayed
-    assert httpx.get(f"{base}/api/prs/9999").status_code == 404
-    paths = httpx.get(f"{base}/openapi.json").json()["paths"]
+    assert loopback_client().get(f"{base}/api/backends/l1").status_code == 404  # L1 is not displayed
+    assert loopback_client().get(f"{base}/api/prs/9999").status_code == 404
+    paths = loopback_client().get(f"{base}/openapi.json").json()["paths"]
     for path in ("/api/overview", "/api/backends/{name}", "/api/prs/{number}", "/api/tests/{test_id}",
                  "/api/tests/failing", "/api/runs/{run}", "/github/callback"):
         assert path in paths

@@ -7,10 +7,10 @@ from __future__ import annotations
 import datetime as dt
 import sqlite3
 
-import httpx
 
 from relay.results.reporter import CHECK_RUN
 from relay.store.base import utcnow
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS, report
 
@@ -20,7 +20,7 @@ FAILING = [f"conformance/suites/test_collectives.py::test_case_{i:03d}" for i in
 def _pages(url: str) -> list[list[dict]]:
     pages = []
     while url:
-        answer = httpx.get(url, timeout=30)
+        answer = loopback_client().get(url, timeout=30)
         assert answer.status_code == 200, answer.text
         pages.append(answer.json())
         url = answer.links.get("next", {}).get("url")
@@ -41,7 +41,7 @@ def test_failing_tests_come_in_bounded_pages_each_test_once(database_url, result
     assert len(seen) == len(set(seen)) == len(FAILING)
     assert sorted(t.rsplit("::", 1)[1] for _, t in seen) == [n.rsplit("::", 1)[1] for n in FAILING]
     assert all(f["failures_in_a_row"] == 1 and f["message"] == "boom" for page in pages for f in page)
-    html = httpx.get(f"{relay.url}/failing", timeout=30).text
+    html = loopback_client().get(f"{relay.url}/failing", timeout=30).text
     assert "next page" in html
 
 
@@ -52,7 +52,7 @@ def test_reads_answer_while_another_process_holds_the_sqlite_write_lock(sqlite_u
     holder.execute("BEGIN IMMEDIATE")  # a writer elsewhere holds the lock for longer than the store's deadline
     try:
         for path in ("/api/overview", "/api/backends/l2", "/api/tests/failing", "/api/tests/flaky", "/api/quarantine"):
-            answer = httpx.get(f"{relay.url}{path}", timeout=10)
+            answer = loopback_client().get(f"{relay.url}{path}", timeout=10)
             assert answer.status_code == 200, (path, answer.status_code, answer.text[:300])
         # The background passes' reads do not wait for the lock either (StoreUnavailable after 2 s).
         pending = relay.store.reports_pending(CHECK_RUN, since=utcnow() - dt.timedelta(days=1), limit=5)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 
 from relay.testing import Fault
+from relay.testing import loopback_client
 from tests.relay.helpers import pr_payload, push_payload, write_backend
 
 
@@ -83,7 +83,7 @@ def test_permanent_failures_are_recorded_and_not_retried(relay, fault, status, w
     assert row.state == "failed" and row.attempts == 1 and row.last_status == status
     assert words in row.last_error and "org/solo-ci" in row.last_error
     assert len(_attempt_times(relay)) == 1
-    metrics = httpx.get(f"{relay.url}/metrics", timeout=10).text
+    metrics = loopback_client().get(f"{relay.url}/metrics", timeout=10).text
     assert 'relay_dispatch_request_seconds_count{outcome="permanent"} 1.0' in metrics
 
 
@@ -93,10 +93,10 @@ def test_a_refused_token_pauses_its_credential_instead_of_failing_the_queue(rela
     for index in range(3):
         assert relay.post("push", push_payload(after=f"{index}" * 40)).status_code == 202
     wait(lambda: any(r.answered == 401 for r in relay.fake.requests), what="the 401")
-    health = httpx.get(f"{relay.url}/readyz", timeout=10)
+    health = loopback_client().get(f"{relay.url}/readyz", timeout=10)
     assert health.status_code == 503 and health.json()["status"] == "credential_paused", health.text
     assert "credential token" in health.json()["detail"] and "Bad credentials" in health.json()["detail"]
-    metrics = httpx.get(f"{relay.url}/metrics", timeout=10).text
+    metrics = loopback_client().get(f"{relay.url}/metrics", timeout=10).text
     assert 'relay_credential_paused{credential="token"} 1.0' in metrics
     assert 'relay_dispatch_request_seconds_count{outcome="bad_credentials"}' in metrics
     rows = relay.store.dispatches()
@@ -105,8 +105,8 @@ def test_a_refused_token_pauses_its_credential_instead_of_failing_the_queue(rela
     relay.fake.revoked.discard("test-token")  # the credential is fixed
     relay.wait_settled()
     assert [r.state for r in relay.store.dispatches()] == ["sent"] * 3
-    assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200
-    assert 'relay_credential_paused{credential="token"} 0.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
+    assert loopback_client().get(f"{relay.url}/readyz", timeout=10).status_code == 200
+    assert 'relay_credential_paused{credential="token"} 0.0' in loopback_client().get(f"{relay.url}/metrics", timeout=10).text
 
 
 def test_429_retry_after_is_honoured(relay):

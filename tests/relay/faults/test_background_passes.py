@@ -4,11 +4,11 @@ failing makes /readyz say so, and health returns once the worker recovers."""
 
 from __future__ import annotations
 
-import httpx
 from sqlalchemy import create_engine, text
 
 from relay.store import NewDelivery, NewDispatch
 from relay.store.database import normalise_url
+from relay.testing import loopback_client
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import UPSTREAM
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
@@ -39,11 +39,11 @@ def test_a_run_row_that_cannot_be_stored_is_quarantined_and_the_dispatch_still_s
     assert "surrogate" in entry.error
     later = _sent_pull_request(relay, "later", "More fixes", backend="l3")  # later rows are still written
     assert sorted(r.dispatch_id for r in relay.store.runs()) == [good, later]
-    api = httpx.get(f"{relay.url}/api/quarantine", timeout=10).json()
+    api = loopback_client().get(f"{relay.url}/api/quarantine", timeout=10).json()
     assert [(e["worker"], e["subject"]) for e in api] == [("run_rows", f"dispatch {bad}")]
     assert "surrogate" in api[0]["error"]
-    assert 'relay_quarantined_rows{worker="run_rows"} 1.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
-    assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200  # handled: set aside, not failing
+    assert 'relay_quarantined_rows{worker="run_rows"} 1.0' in loopback_client().get(f"{relay.url}/metrics", timeout=10).text
+    assert loopback_client().get(f"{relay.url}/readyz", timeout=10).status_code == 200  # handled: set aside, not failing
 
 
 def test_a_worker_whose_passes_keep_failing_makes_readyz_say_so(database_url, results_relay):  # noqa: F811
@@ -52,12 +52,12 @@ def test_a_worker_whose_passes_keep_failing_makes_readyz_say_so(database_url, re
     try:
         with engine.begin() as connection:
             connection.execute(text("ALTER TABLE runs RENAME TO runs_gone"))
-        health = wait_until(lambda: (lambda r: r if r.status_code == 503 else None)(httpx.get(f"{relay.url}/readyz", timeout=10)),
+        health = wait_until(lambda: (lambda r: r if r.status_code == 503 else None)(loopback_client().get(f"{relay.url}/readyz", timeout=10)),
                             what="readyz reporting the failing sweeper")
         body = health.json()
         assert body["status"] == "worker_failing" and "relay-sweeper" in body["detail"], body
         with engine.begin() as connection:
             connection.execute(text("ALTER TABLE runs_gone RENAME TO runs"))
-        wait_until(lambda: httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200, what="health after the fix")
+        wait_until(lambda: loopback_client().get(f"{relay.url}/readyz", timeout=10).status_code == 200, what="health after the fix")
     finally:
         engine.dispose()

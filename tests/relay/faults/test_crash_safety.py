@@ -10,6 +10,7 @@ import pytest
 
 from relay.store import Store
 from relay.testing import Fault
+from relay.testing import loopback_client
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import SECRET, RelayProcess, push_payload, write_backend
 
@@ -143,7 +144,6 @@ def test_two_processes_on_one_postgresql_never_send_a_row_twice(postgres_url, fa
 def test_kill_9_with_reports_pending_reports_them_all_after_restart(database_url, fake_github, tmp_path):
     """Reporting finds its work in the store: a relay killed while its reporter hangs on GitHub, with a
     push run and a PR run finished but not reported, reports both (final states) once restarted."""
-    import httpx
 
     from tests.relay.helpers import pr_payload
     from tests.relay.results_support import TOKENS, write_backends
@@ -164,7 +164,7 @@ def test_kill_9_with_reports_pending_reports_them_all_after_restart(database_url
         _wait_for(lambda: fake_github.faults_left, lambda left: left == 0)  # the reporter's first write hangs
         for delivery, run_id, conclusion in (("report-push", 7001, "success"), ("report-pr", 7002, "failure")):
             for body in ({"state": "in_progress"}, {"state": "completed", "conclusion": conclusion}):
-                answer = httpx.post(f"{relay.url}/github/callback", timeout=30, json={
+                answer = loopback_client().post(f"{relay.url}/github/callback", timeout=30, json={
                     "nonce": nonces[delivery], "run_id": run_id, "run_attempt": 1, **body,
                 }, headers={"Authorization": f"Token {TOKENS['l4']}"})
                 assert answer.status_code == 200, answer.text

@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import httpx
 import pytest
 
+from relay.testing import loopback_client
 from tests.relay.helpers import push_payload
 
 
@@ -49,7 +49,7 @@ def test_a_full_disk_gets_503_and_the_relay_recovers_once_space_is_freed(small_v
     assert relay.post("push", push_payload(after="1" * 40), delivery="before").status_code == 202
     filler = _fill(small_volume)
     answers = [relay.post("push", push_payload(after=f"{i + 3}" * 40), delivery=f"full-{i}").status_code for i in range(3)]
-    health = httpx.get(f"{relay.url}/readyz", timeout=10)
+    health = loopback_client().get(f"{relay.url}/readyz", timeout=10)
     filler.unlink()
     # A write can still land in log pages the volume already holds (the log is reused after a
     # checkpoint): acknowledged, and stored; the others are refused, never acknowledged.
@@ -57,7 +57,7 @@ def test_a_full_disk_gets_503_and_the_relay_recovers_once_space_is_freed(small_v
     assert health.status_code in (200, 503)
     if health.status_code == 503:
         assert "cannot be written" in health.json()["detail"], health.text
-    assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200
+    assert loopback_client().get(f"{relay.url}/readyz", timeout=10).status_code == 200
     for i, answer in enumerate(answers):
         assert (relay.store.delivery(f"full-{i}") is not None) == (answer == 202), (i, answer)
     refused = answers.index(503)

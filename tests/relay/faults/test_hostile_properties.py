@@ -17,6 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 
@@ -94,7 +95,7 @@ def test_hostile_strings_in_every_stored_field_never_break_the_relay(database_ur
         finished.append(done.json()["run"])
         for path in (f"/api/tests/{_in_url(nodeid)}", f"/api/tests/failing?backend={_in_url(suite)}",
                      f"/backends/{_in_url(label)}", f"/api/tests/flaky?backend={_in_url(sender)}"):
-            answer = httpx.get(f"{relay.url}{path}", timeout=30)
+            answer = loopback_client().get(f"{relay.url}{path}", timeout=30)
             assert answer.status_code < 500, f"GET {path}: {answer.status_code} {answer.text[:300]}"
 
     one()

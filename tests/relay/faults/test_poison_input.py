@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 from sqlalchemy import text
 
+from relay.testing import loopback_client
 from tests.relay.dispatch.test_reruns import post_and_handle, retest_comment
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
@@ -94,14 +94,14 @@ def test_a_retest_comment_holding_nul_is_ignored_and_later_reruns_still_work(dat
     _, honest = post_and_handle(relay, "issue_comment", retest_comment("/retest l2", "MEMBER", 55))
     assert (honest.outcome, honest.backends) == ("dispatched", ("l2",))
     assert relay.parts.results.problems() == []
-    ready = httpx.get(f"{relay.url}/readyz", timeout=10)
+    ready = loopback_client().get(f"{relay.url}/readyz", timeout=10)
     assert ready.status_code == 200, ready.text
 
 
 @pytest.mark.parametrize("path", ["/api/tests/%00x/history", "/api/tests/failing?backend=%00", "/backends/l2%00"])
 def test_nul_in_a_url_is_never_a_503(database_url, results_relay, path):  # noqa: F811
     relay, _drive = results_relay(database_url)
-    answer = httpx.get(f"{relay.url}{path}", timeout=10)
+    answer = loopback_client().get(f"{relay.url}{path}", timeout=10)
     assert answer.status_code in (200, 404), (answer.status_code, answer.text)
 
 
@@ -127,10 +127,10 @@ def test_a_row_set_aside_shows_on_the_dashboard_and_metrics_and_an_operator_retr
     (entry,) = relay.store.quarantined()
     assert (entry.worker, entry.subject) == ("re-runs", "delivery broken-request")
     assert relay.parts.results.problems() == []  # set aside, so the watcher is not failing
-    overview = httpx.get(f"{relay.url}/api/overview", timeout=10).json()
+    overview = loopback_client().get(f"{relay.url}/api/overview", timeout=10).json()
     assert overview["set_aside"] == {"re-runs": 1}
-    assert "relay quarantined retry" in httpx.get(f"{relay.url}/", timeout=10).text
-    assert 'relay_quarantined_rows{worker="re-runs"} 1.0' in httpx.get(f"{relay.url}/metrics", timeout=10).text
+    assert "relay quarantined retry" in loopback_client().get(f"{relay.url}/", timeout=10).text
+    assert 'relay_quarantined_rows{worker="re-runs"} 1.0' in loopback_client().get(f"{relay.url}/metrics", timeout=10).text
 
     for name, value in {"RELAY_WEBHOOK_SECRETS": "s", "RELAY_GITHUB_TOKEN": "t", "RELAY_DATABASE_URL": database_url,
                         "RELAY_BACKENDS_DIR": str(results_backends)}.items():

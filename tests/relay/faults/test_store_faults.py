@@ -13,6 +13,7 @@ import pytest
 
 from relay.store import PullRequestSnapshot, StoreUnavailable
 from relay.store.errors import StoreRefused
+from relay.testing import loopback_client
 from tests.relay import private_postgres
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import RelayProcess, new_delivery, new_dispatches, push_payload, write_backend
@@ -36,13 +37,13 @@ def _webhook(relay: RelayProcess, delivery: str) -> httpx.Response:
     from tests.relay.helpers import sign
 
     body = json.dumps(push_payload(after=f"{abs(hash(delivery)) % 10**40:040d}")).encode()
-    return httpx.post(f"{relay.url}/github/webhook", content=body, timeout=GITHUB_DEADLINE, headers={
+    return loopback_client().post(f"{relay.url}/github/webhook", content=body, timeout=GITHUB_DEADLINE, headers={
         "X-GitHub-Event": "push", "X-GitHub-Delivery": delivery, "X-Hub-Signature-256": sign(body),
         "Content-Type": "application/json"})
 
 
 def _health(relay: RelayProcess) -> httpx.Response:
-    return httpx.get(f"{relay.url}/readyz", timeout=GITHUB_DEADLINE)
+    return loopback_client().get(f"{relay.url}/readyz", timeout=GITHUB_DEADLINE)
 
 
 @pytest.fixture

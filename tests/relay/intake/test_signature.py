@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from relay.intake.routes import signature_matches
+from relay.testing import loopback_client
 from tests.relay.helpers import SECRET, pr_payload, sign
 
 VECTOR_SECRET = b"It's a Secret to Everybody"
@@ -41,7 +42,7 @@ def _error(response: httpx.Response, status: int, error: str) -> str:
 
 def test_test_vector_over_http(relay_factory, sqlite_url):
     relay = relay_factory(sqlite_url, webhook_secrets=VECTOR_SECRET.decode())
-    response = httpx.post(
+    response = loopback_client().post(
         f"{relay.url}/github/webhook", content=VECTOR_BODY,
         headers={"X-Hub-Signature-256": VECTOR_SIGNATURE, "X-GitHub-Event": "ping",
                  "X-GitHub-Delivery": "d-1", "Content-Type": "application/json"},
@@ -117,7 +118,7 @@ def test_too_large_is_413_when_streamed_without_length(relay):
         for start in range(0, len(body), 65536):
             yield body[start:start + 65536]
 
-    response = httpx.post(f"{relay.url}/github/webhook", content=chunks(), headers={
+    response = loopback_client().post(f"{relay.url}/github/webhook", content=chunks(), headers={
         "X-GitHub-Event": "pull_request", "X-GitHub-Delivery": "d-stream", "X-Hub-Signature-256": sign(body),
         "Content-Type": "application/json"})
     _error(response, 413, "payload_too_large")

@@ -9,12 +9,12 @@ import signal
 import threading
 import time
 
-import httpx
 import yaml
 
 from relay.levels.allowlist_reload import DescriptorReload
 from relay.results.reporter import CHECK_RUN
 from relay.store.base import utcnow
+from relay.testing import loopback_client
 from tests.relay.helpers import RelayProcess, pr_payload, write_backend
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 
@@ -104,7 +104,7 @@ def test_l4_to_l3_turns_the_checks_of_open_prs_without_the_label_neutral(
     (finishing,) = relay.store.reports_pending(CHECK_RUN, since=since, limit=50)
     assert relay.parts.results.reporter.report(finishing) == "not_shown"  # nothing more is written
     assert check_of(relay, "l4", 60)["output"]["title"].startswith("crcr/l4: no longer blocking")
-    assert httpx.get(f"{relay.url}/api/backends/l4").json()["level"] == "L3"
+    assert loopback_client().get(f"{relay.url}/api/backends/l4").json()["level"] == "L3"
 
 
 def test_l4_to_l2_finalizes_open_checks_as_no_longer_reported_and_ends_its_hold(
@@ -160,7 +160,7 @@ def test_a_descriptor_that_does_not_load_keeps_the_allowlist_in_use(
     reload = relay.parts.descriptors
     assert reload.check_once() is None
     assert "l4.yaml" in reload.last_error
-    assert httpx.get(f"{relay.url}/api/backends/l4").json()["level"] == "L4"
+    assert loopback_client().get(f"{relay.url}/api/backends/l4").json()["level"] == "L4"
     assert reload.check_once() is None  # unchanged since: not tried again
     set_level_ok = results_backends / "l3.yaml"
     (results_backends / "l4.yaml").write_text(set_level_ok.read_text().replace("l3", "l4").replace("L3", "L4"))
@@ -213,7 +213,7 @@ def test_sighup_reloads_the_descriptors_of_relay_serve(database_url, fake_github
         write_backend(backends, "l4", "org/l4-ci", "L3")
         relay.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
-        while httpx.get(f"{relay.url}/api/backends/l4").json()["level"] != "L3":
+        while loopback_client().get(f"{relay.url}/api/backends/l4").json()["level"] != "L3":
             assert time.monotonic() < deadline, "SIGHUP did not reload the descriptors"
             time.sleep(0.05)
         assert relay.process.poll() is None  # SIGHUP reloads; it does not end the relay

@@ -32,10 +32,10 @@ def test_a_hold_is_stored_with_its_reason_start_and_end(store):
 
 import datetime as dt  # noqa: E402
 
-import httpx  # noqa: E402
 import pytest  # noqa: E402
 
 from relay.levels.watch import LevelWatch, WatchFailed  # noqa: E402
+from relay.testing import loopback_client  # noqa: E402
 from relay.trust import Comparison, Criterion, LevelCriteria, Measure  # noqa: E402
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: E402,F401
 
@@ -65,9 +65,9 @@ def test_a_blocking_backend_below_its_bar_is_reported_neutral_with_the_reason_an
     assert watch(relay)["l4"] == "held"
     hold = relay.store.current_level_hold("l4")
     assert hold.level == "L4" and "success rate 0% (above 90% over 7 days) misses the L4 bar" in hold.reason
-    api = httpx.get(f"{relay.url}/api/backends/l4").json()
+    api = loopback_client().get(f"{relay.url}/api/backends/l4").json()
     assert (api["blocks"], api["hold"]["reason"], api["hold"]["active"]) == (False, hold.reason, True)
-    assert "Below its L4 bar since" in httpx.get(f"{relay.url}/backends/l4").text
+    assert "Below its L4 bar since" in loopback_client().get(f"{relay.url}/backends/l4").text
 
     after = run_to_end(drive, relay, "l4", 12, "failure")  # the next run: non-blocking
     assert after["conclusion"] == "neutral"
@@ -105,7 +105,7 @@ def test_a_person_restores_the_backend_and_it_blocks_again(
     # The person decided on the runs so far: the watch judges only later ones (too few yet).
     assert watch(relay)["l4"] == "too_few_runs" and relay.store.current_level_hold("l4") is None
     assert run_to_end(drive, relay, "l4", 22, "failure")["conclusion"] == "failure"  # blocking again
-    api = httpx.get(f"{relay.url}/api/backends/l4").json()
+    api = loopback_client().get(f"{relay.url}/api/backends/l4").json()
     assert api["blocks"] is True and api["hold"] is None
     assert api["holds"][0]["ended_by"] == "restored: runner pool replaced"
     run_to_end(drive, relay, "l4", 23, "failure")

@@ -18,6 +18,7 @@ from relay.store import Store, result_batches
 from relay.store.database import READ_ONLY
 from relay.results.receiver import BIG_CALLBACK_BYTES
 from relay.results.sweeper import Sweeper
+from relay.testing import loopback_client
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import SECRET, RelayProcess, pr_payload, push_payload
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
@@ -100,7 +101,7 @@ def _env(database_url: str, fake, backends: Path) -> dict[str, str]:
 
 
 def _callback(relay: RelayProcess, body: dict) -> httpx.Response:
-    return httpx.post(f"{relay.url}/github/callback", json=body, timeout=300,
+    return loopback_client().post(f"{relay.url}/github/callback", json=body, timeout=300,
                       headers={"Authorization": f"Token {TOKENS['l2']}"})
 
 

@@ -11,11 +11,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-import httpx
 import pytest
 
 from conformance.callback import ALLOW_HTTP_LOOPBACK, build_parser, run_callback
 from relay.testing.relay_process import RelayProcess
+from relay.testing import loopback_client
 from tests.relay.conftest import wait_until
 from tests.relay.helpers import SECRET, UPSTREAM, pr_payload
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
@@ -25,7 +25,7 @@ from tests.relay.results_support import REPOS, TOKENS, report
 def test_the_callback_url_publishes_its_limits(results_relay, sqlite_url):  # noqa: F811
     relay, _ = results_relay(sqlite_url, callback_max_bytes=1_000_000, callback_max_tests=500,
                              callback_max_message_chars=2_000)
-    answer = httpx.get(f"{relay.url}/github/callback", timeout=10)
+    answer = loopback_client().get(f"{relay.url}/github/callback", timeout=10)
     assert answer.status_code == 200
     assert answer.json() == {"max_bytes": 1_000_000, "max_tests": 500, "max_message_chars": 2_000}
 
@@ -106,8 +106,8 @@ def test_ten_thousand_failures_with_long_messages_reach_the_pr_first_failures_na
     out = capsys.readouterr().out
     assert "::warning::the report was shortened to fit the relay's limits (8388608 bytes, 20000 tests" in out
 
-    (summary,) = httpx.get(f"{relay.url}/api/prs/41", timeout=30).json()["runs"]["l4"]
-    run = httpx.get(f"{relay.url}/api/runs/{summary['run']}", timeout=60).json()
+    (summary,) = loopback_client().get(f"{relay.url}/api/prs/41", timeout=30).json()["runs"]["l4"]
+    run = loopback_client().get(f"{relay.url}/api/runs/{summary['run']}", timeout=60).json()
     assert (run["state"], run["conclusion"]) == ("completed", "failure")
     assert run["counts"]["failed"] == 10_000, "the summary counts every test, sent or not"
     assert run["reason"].startswith("the report was shortened to fit the relay's limits")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-import httpx
 import pytest
 
 from relay.levels.review import week_stats
 from conformance.provenance import Provenance, check
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 
@@ -68,14 +68,14 @@ def test_another_torch_is_never_a_pass_upstream(database_url, results_relay):  #
 
     (run,) = relay.store.runs(backend="l4", pr_number=31)
     assert (run.conclusion, run.provenance, run.torch_git_version) == ("success", "mismatched", OTHER)
-    api = httpx.get(f"{relay.url}/api/runs/{run.id}").json()
+    api = loopback_client().get(f"{relay.url}/api/runs/{run.id}").json()
     assert api["provenance"] == "mismatched" and api["torch_git_version"] == OTHER
     assert "expected aaaaaaaaaaaa" in api["provenance_problem"]
-    assert "wrong torch: tested torch built from bbbbbbbbbbbb" in httpx.get(f"{relay.url}/runs/{run.id}").text
-    pr = httpx.get(f"{relay.url}/api/prs/31").json()
+    assert "wrong torch: tested torch built from bbbbbbbbbbbb" in loopback_client().get(f"{relay.url}/runs/{run.id}").text
+    pr = loopback_client().get(f"{relay.url}/api/prs/31").json()
     assert pr["runs"]["l4"][0]["provenance"] == "mismatched"
     assert pr["failing"] == [] and pr["head_sha"] is None  # a run of another torch is not compared
-    assert "wrong torch" in httpx.get(f"{relay.url}/prs/31").text
+    assert "wrong torch" in loopback_client().get(f"{relay.url}/prs/31").text
 
 
 def test_check_run_of_another_torch_says_which(database_url, results_relay, app_mode, wait):  # noqa: F811
@@ -101,7 +101,7 @@ def test_the_dispatched_torch_passes(database_url, results_relay):  # noqa: F811
     assert statuses(relay.fake, "crcr/l4")[-1]["state"] == "success"
     (run,) = relay.store.runs(backend="l4", pr_number=33)
     assert (run.provenance, run.provenance_problem) == ("matched", None)
-    assert "the tested torch is the dispatched commit" in httpx.get(f"{relay.url}/runs/{run.id}").text
+    assert "the tested torch is the dispatched commit" in loopback_client().get(f"{relay.url}/runs/{run.id}").text
 
 
 def test_older_run_that_never_started_is_superseded(database_url, results_relay):  # noqa: F811

@@ -4,12 +4,12 @@ are marked with their evidence on the test page and in the API. Real store, fake
 
 import datetime as dt
 
-import httpx
 import pytest
 import yaml
 
 from conformance.descriptors import DescriptorError, load_descriptor
 from relay.store.base import utcnow
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 
@@ -126,15 +126,15 @@ def test_flaky_tests_carry_their_evidence_on_the_test_page_and_in_the_api(
     drive.complete("l2", other, "failure", run_id=6100, report_body=report("l2", [(BROADCAST, "failed", "")],
                                                                            git_version="b" * 40))
     runs = {r.run_attempt: r.id for r in relay.store.runs(backend="l2", pr_number=45)}
-    flaky = httpx.get(f"{relay.url}/api/tests/flaky").json()
+    flaky = loopback_client().get(f"{relay.url}/api/tests/flaky").json()
     assert flaky == [{"backend": "l2", "test_id": "collectives::test_broadcast", "torch_commit": "a" * 40,
                       "passed_runs": [runs[2]], "failed_runs": [runs[1]], "last_seen": flaky[0]["last_seen"]}]
-    assert httpx.get(f"{relay.url}/api/tests/flaky", params={"backend": "l4"}).json() == []
-    page = httpx.get(f"{relay.url}/api/tests/collectives::test_broadcast").json()
+    assert loopback_client().get(f"{relay.url}/api/tests/flaky", params={"backend": "l4"}).json() == []
+    page = loopback_client().get(f"{relay.url}/api/tests/collectives::test_broadcast").json()
     assert [f["backend"] for f in page["flaky"]] == ["l2"]
     assert [(q["backend"], q["reason"], q["release_proposed"]) for q in page["quarantined"]] == [
         ("l3", "flaky ring timeout, tracked upstream", False)]
-    html = httpx.get(f"{relay.url}/tests/collectives::test_broadcast").text
+    html = loopback_client().get(f"{relay.url}/tests/collectives::test_broadcast").text
     assert "flaky on" in html and f'href="/runs/{runs[1]}"' in html and "until " in html
 
 

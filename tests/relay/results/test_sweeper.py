@@ -3,10 +3,10 @@ upstream check updated), nonce expiry, each reason counted in /metrics."""
 
 import datetime as dt
 
-import httpx
 
 from relay.store.base import utcnow
 from relay.results.sweeper import Sweeper
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 
 HOUR = 3600.0
@@ -35,7 +35,7 @@ def test_never_started_times_out_and_the_status_says_so(database_url, results_re
     assert relay.parts.results.reporting.wait_idle(10)
     l4 = [s for s in relay.fake.statuses if s["context"] == "crcr/l4"]
     assert [s["state"] for s in l4] == ["pending", "error"] and "timed out" in l4[-1]["description"]
-    metrics = httpx.get(f"{relay.url}/metrics").text
+    metrics = loopback_client().get(f"{relay.url}/metrics").text
     assert 'relay_sweeper_actions_total{reason="never_started"} 4.0' in metrics
     assert later.sweep_once()["never_started"] == 0  # nothing left to time out
 

@@ -11,10 +11,10 @@ import re
 import threading
 from urllib.parse import quote
 
-import httpx
 from fastapi.routing import APIRoute
 from sqlalchemy import event
 
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 
@@ -136,10 +136,10 @@ def test_every_dashboard_and_api_read_is_served_from_indexes(database_url, resul
     recorder = Recorder(relay.store.engine)
     for path in _get_routes(relay.app):
         url = _url_of(path, run)
-        answer = httpx.get(f"{relay.url}{url}", timeout=30, params={"days": 365} if "tests" in path else None)
+        answer = loopback_client().get(f"{relay.url}{url}", timeout=30, params={"days": 365} if "tests" in path else None)
         assert answer.status_code == 200, (url, answer.status_code, answer.text[:300])
     for url in (f"/api/tests/flaky?backend=l2", f"/api/tests/failing?backend=l2&after_backend=l2&after_test=a"):
-        assert httpx.get(f"{relay.url}{url}", timeout=30).status_code == 200
+        assert loopback_client().get(f"{relay.url}{url}", timeout=30).status_code == 200
     recorder.mine = True
     assert relay.store.claim_dispatches("plans", limit=64, lease_seconds=60, max_claims=0) == []
     relay.store.unhandled_rerun_requests()  # the re-run watcher's poll

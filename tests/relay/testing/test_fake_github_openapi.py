@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from relay.testing import FakeGitHub
 from relay.testing.github_openapi import default_description
+from relay.testing import loopback_client
 
 pytestmark = pytest.mark.skipif(
     default_description() is None,
@@ -18,13 +18,13 @@ pytestmark = pytest.mark.skipif(
 def test_bodies_off_the_description_are_refused_and_recorded():
     with FakeGitHub() as fake:
         headers = {"Authorization": "token test-token"}
-        good = httpx.post(f"{fake.url}/repos/o/r/statuses/{'a' * 40}", headers=headers,
+        good = loopback_client().post(f"{fake.url}/repos/o/r/statuses/{'a' * 40}", headers=headers,
                           json={"state": "success", "context": "crcr/x", "description": None})
         assert good.status_code == 201
-        bad = httpx.post(f"{fake.url}/repos/o/r/statuses/{'a' * 40}", headers=headers,
+        bad = loopback_client().post(f"{fake.url}/repos/o/r/statuses/{'a' * 40}", headers=headers,
                          json={"state": "success", "context": 7})
         assert bad.status_code == 422 and "context: 7 is not of type 'string'" in bad.json()["message"]
-        dispatch = httpx.post(f"{fake.url}/repos/o/r/dispatches", headers=headers,
+        dispatch = loopback_client().post(f"{fake.url}/repos/o/r/dispatches", headers=headers,
                               json={"event_type": "push", "client_payload": {f"k{i}": i for i in range(11)}})
         assert dispatch.status_code == 422 and "No more than 10 properties" in dispatch.json()["message"]
         assert [(m, p) for m, p, _ in fake.schema_violations] == [
@@ -36,14 +36,14 @@ def test_file_and_branch_answers_fit_githubs_response_schemas():
     with FakeGitHub() as fake:
         headers = {"Authorization": "token test-token"}
         fake.add_file("o/r", "backends/a.yaml", "name: a\n")
-        file = httpx.get(f"{fake.url}/repos/o/r/contents/backends/a.yaml?ref=main", headers=headers).json()
-        head = httpx.get(f"{fake.url}/repos/o/r/git/ref/heads/main", headers=headers).json()["object"]["sha"]
-        assert httpx.post(f"{fake.url}/repos/o/r/git/refs", headers=headers,
+        file = loopback_client().get(f"{fake.url}/repos/o/r/contents/backends/a.yaml?ref=main", headers=headers).json()
+        head = loopback_client().get(f"{fake.url}/repos/o/r/git/ref/heads/main", headers=headers).json()["object"]["sha"]
+        assert loopback_client().post(f"{fake.url}/repos/o/r/git/refs", headers=headers,
                           json={"ref": "refs/heads/x/y", "sha": head}).status_code == 201
-        put = httpx.put(f"{fake.url}/repos/o/r/contents/backends/a.yaml", headers=headers,
+        put = loopback_client().put(f"{fake.url}/repos/o/r/contents/backends/a.yaml", headers=headers,
                         json={"message": "m", "content": "bmFtZTogYgo=", "sha": file["sha"], "branch": "x/y"})
         assert put.status_code == 200
-        assert httpx.patch(f"{fake.url}/repos/o/r/git/refs/heads/x/y", headers=headers,
+        assert loopback_client().patch(f"{fake.url}/repos/o/r/git/refs/heads/x/y", headers=headers,
                            json={"sha": head, "force": True}).status_code == 200
         assert fake.answer_violations == [] and fake.schema_violations == []
         # The check is live: an answer missing a required field is recorded.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import logging
 
-import httpx
 import pytest
 
 from relay.logs import JsonFormatter
 from relay.testing import Fault
+from relay.testing import loopback_client
 from tests.relay.helpers import pr_payload, push_payload
 
 
@@ -22,7 +22,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def test_readyz_reports_the_store(relay_factory, database_url):
     relay = relay_factory(database_url)
-    assert httpx.get(f"{relay.url}/readyz").json() == {"status": "ok"}
+    assert loopback_client().get(f"{relay.url}/readyz").json() == {"status": "ok"}
 
 
 def test_readyz_is_503_when_the_store_is_unreachable_while_healthz_stays_live(relay_factory, sqlite_url):
@@ -32,8 +32,8 @@ def test_readyz_is_503_when_the_store_is_unreachable_while_healthz_stays_live(re
     working = relay.parts.store
     relay.parts.store = Store("postgresql://relay:hunter2@127.0.0.1:1/nowhere")  # nothing listens on port 1
     try:
-        answer = httpx.get(f"{relay.url}/readyz")
-        live = httpx.get(f"{relay.url}/healthz")
+        answer = loopback_client().get(f"{relay.url}/readyz")
+        live = loopback_client().get(f"{relay.url}/healthz")
     finally:
         relay.parts.store.close()
         relay.parts.store = working
@@ -52,7 +52,7 @@ def test_metrics_count_events_dispatches_retries_and_failures(relay_factory, dat
     relay.post("ping", {"zen": "z"})
     relay.post("star", {"repository": {"full_name": "pytorch/pytorch"}})
     relay.wait_settled()
-    text = httpx.get(f"{relay.url}/metrics").text
+    text = loopback_client().get(f"{relay.url}/metrics").text
     assert _metric(text, "relay_webhook_events_total", event="pull_request", outcome="queued") == 1
     assert _metric(text, "relay_webhook_events_total", event="pull_request", outcome="duplicate") == 1
     assert _metric(text, "relay_webhook_events_total", event="ping", outcome="pong") == 1

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 
+from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.dashboard.test_dashboard import page  # noqa: F401 (fixture)
 
@@ -20,7 +20,7 @@ def relay(results_relay, sqlite_url):  # noqa: F811
 
 @pytest.mark.parametrize("path", ["/", "/backends/l2", "/api/overview", "/docs", "/openapi.json", "/static/dashboard.css", "/readyz"])
 def test_every_response_carries_csp_and_nosniff(relay, path):
-    response = httpx.get(relay.url + path, timeout=10)
+    response = loopback_client().get(relay.url + path, timeout=10)
     assert response.status_code == 200, (path, response.status_code)
     assert response.headers["x-content-type-options"] == "nosniff"
     csp = response.headers["content-security-policy"]
@@ -31,12 +31,12 @@ def test_every_response_carries_csp_and_nosniff(relay, path):
 
 
 def test_docs_load_nothing_from_another_origin(relay):
-    html = httpx.get(relay.url + "/docs", timeout=10).text
+    html = loopback_client().get(relay.url + "/docs", timeout=10).text
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), html
     assert "<script>" not in html.replace(" ", "")  # no inline script: the policy would block it
     for asset in re.findall(r"""(?:src|href)=["'](/[^"']+)["']""", html):
-        assert httpx.get(relay.url + asset, timeout=10).status_code == 200, asset
-    assert httpx.get(relay.url + "/redoc", timeout=10).status_code == 404  # ReDoc would need a CDN
+        assert loopback_client().get(relay.url + asset, timeout=10).status_code == 200, asset
+    assert loopback_client().get(relay.url + "/redoc", timeout=10).status_code == 404  # ReDoc would need a CDN
 
 
 def test_swagger_ui_renders_under_the_policy_in_chromium(relay, page):  # noqa: F811
@@ -52,14 +52,14 @@ def test_swagger_ui_renders_under_the_policy_in_chromium(relay, page):  # noqa: 
 
 def test_metrics_behind_a_token_when_configured(results_relay, sqlite_url):  # noqa: F811
     relay, _ = results_relay(sqlite_url, metrics_token="metrics-secret-0123456789")
-    refused = httpx.get(relay.url + "/metrics", timeout=10)
+    refused = loopback_client().get(relay.url + "/metrics", timeout=10)
     assert refused.status_code == 401 and refused.json()["error"] == "metrics_token"
     assert "RELAY_METRICS_TOKEN" in refused.json()["detail"] and "metrics-secret" not in refused.text
-    wrong = httpx.get(relay.url + "/metrics", headers={"Authorization": "Bearer nope"}, timeout=10)
+    wrong = loopback_client().get(relay.url + "/metrics", headers={"Authorization": "Bearer nope"}, timeout=10)
     assert wrong.status_code == 401
-    ok = httpx.get(relay.url + "/metrics", headers={"Authorization": "Bearer metrics-secret-0123456789"}, timeout=10)
+    ok = loopback_client().get(relay.url + "/metrics", headers={"Authorization": "Bearer metrics-secret-0123456789"}, timeout=10)
     assert ok.status_code == 200 and "relay_webhook_events" in ok.text
 
 
 def test_metrics_open_by_default(relay):
-    assert httpx.get(relay.url + "/metrics", timeout=10).status_code == 200
+    assert loopback_client().get(relay.url + "/metrics", timeout=10).status_code == 200

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import socket
 
-import httpx
 
+from relay.testing import loopback_client
 from tests.relay.helpers import RelayProcess
 from tests.relay.faults.test_crash_safety import _env
 
@@ -41,6 +41,6 @@ def test_slow_headers_are_cut_off(sqlite_url, fake_github, backends_dir, tmp_pat
             assert answer.startswith(b"HTTP/1.1 200")
             sock.sendall(b"GET /readyz HTTP/1.1\r\nHo")  # a second request on the same connection stalls
             assert _closed_by_server(sock)
-        assert httpx.get(f"{relay.url}/readyz", timeout=10).status_code == 200
+        assert loopback_client().get(f"{relay.url}/readyz", timeout=10).status_code == 200
     finally:
         relay.stop()
