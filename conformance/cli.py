@@ -2,12 +2,16 @@
 ``callback`` the relay from CI (:mod:`conformance.callback`).
 
 Runs pytest in-process on the installed ``conformance/suites`` (so it works from any directory),
-then reads the JSON report it wrote to print a per-suite table.
+then reads the JSON report it wrote to print a per-suite table. That pytest loads the suites' plugin and
+pytest-xdist, not every plugin installed beside them (see :func:`run_pytest`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import os
 import re
 import sys
 import tempfile
@@ -32,6 +36,36 @@ def _suite_paths(names: list[str] | None) -> list[str]:
         raise SystemExit(f"conformance: unknown suite {', '.join(map(repr, unknown))}; "
                          f"available: {', '.join(known)}")
     return [str(SUITES_DIR / f"test_{n}.py") for n in (names or known)]
+
+
+def run_pytest(argv: list[str], plugins: list[object] = ()) -> int:
+    """``pytest.main`` with only the plugins a run needs: the suites' own, and pytest-xdist (``-n``) when
+    it is installed. Others installed in the environment are not loaded: one that reorders tests or
+    re-runs failures would change what a run means, and importing them all costs every process of a run
+    (each rank under torchrun) about a second where the environment has many. ``-- -p NAME`` adds one."""
+    import pytest
+
+    explicit = ["-p", "conformance.plugin"]
+    if importlib.util.find_spec("xdist") is not None:
+        explicit += ["-p", "xdist.plugin"]
+    # The variable, not pytest's --disable-plugin-autoload, which pytest before 8.4 lacks; it stays set
+    # for the run, so xdist's workers load the same plugins.
+    with _environment(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"):
+        return int(pytest.main(explicit + argv, plugins=list(plugins)))
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _common_pytest_args(args: argparse.Namespace) -> list[str]:
@@ -133,8 +167,6 @@ def lack_of_ranks(report) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import pytest
-
     from conformance.report import load_report
 
     from conformance.ranks.launcher import LauncherWorld
@@ -153,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             pytest_args += ["-rfEX"] + (["--junitxml", args.junit] if args.junit else [])
         pytest_args += args.pytest_args
-        code = int(pytest.main(pytest_args))
+        code = run_pytest(pytest_args)
         if follower:
             return code
         if not Path(report_path).exists():
@@ -255,11 +287,9 @@ class _Lister:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import pytest
-
     lister = _Lister()
-    code = int(pytest.main(_suite_paths(args.suite) + _common_pytest_args(args) + ["--collect-only",
-                           "-p", "no:terminal"], plugins=[lister]))
+    code = run_pytest(_suite_paths(args.suite) + _common_pytest_args(args) + ["--collect-only", "-p", "no:terminal"],
+                      plugins=[lister])
     for error in lister.errors:
         print(error, file=sys.stderr)
     if code != 0:  # a usage or collection error (already shown): a partial list would mislead

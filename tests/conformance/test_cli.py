@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -172,3 +173,31 @@ def test_the_documented_slurm_line_parses_for_torchrun_and_for_conformance_run()
     run = build_parser().parse_args(launcher.training_script_args)
     assert (run.command, run.report) == ("run", "report-4242.json")
     assert _launch_pytest_args(run) == ["--rank-timeout", "600.0", "--shared-dir", "/home/u/conformance-shared"]
+
+
+def test_a_run_loads_its_own_plugins_not_every_plugin_installed_beside_them(tmp_path):
+    """An installed pytest plugin (here one that says it was imported) is loaded by a plain pytest but not
+    by the pytest a conformance run starts, unless asked for with ``-p``; pytest-xdist's ``-n`` still parses."""
+    site = tmp_path / "site"
+    (site / "noisy_plugin-1.0.dist-info").mkdir(parents=True)
+    (site / "noisy_plugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: noisy-plugin\nVersion: 1.0\n")
+    (site / "noisy_plugin-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nnoisy = noisy_plugin\n")
+    (site / "noisy_plugin.py").write_text(
+        "import os\nopen(os.path.join(os.environ['MARKS'], str(os.getpid())), 'w').close()\n")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "MARKS": str(marks), "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+
+    def loaded(command: list[str]) -> bool:
+        before = set(marks.iterdir())
+        done = subprocess.run(command + [str(tmp_path / "test_one.py"), "-q", "-p", "no:cacheprovider"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return set(marks.iterdir()) != before
+
+    via_run = [sys.executable, "-c", "import sys; from conformance.cli import run_pytest; sys.exit(run_pytest(sys.argv[1:]))"]
+    assert loaded([sys.executable, "-m", "pytest"]), "the stand-in plugin is not installed: the check below proves nothing"
+    assert not loaded(via_run + ["-n", "0"])
+    assert loaded(via_run + ["-p", "noisy_plugin"])
