@@ -21,9 +21,9 @@ sys.dont_write_bytecode = False
 
 
 # The pytest plugins installed for the project's own API-fuzzing and property tests (schemathesis, hypothesis)
-# and anyio's, which no test uses. The pytest processes that tests start (pytester's, `conformance run`,
-# torchrun's ranks) run the suites and load none of them: about 1 s less of start-up each, and closer to a user's
-# `.[suite]` install, which has none of them.
+# and anyio's, which no test uses. The plain pytest processes that tests start (pytester's, a bare
+# `python -m pytest`) run the suites and load none of them: about 1 s less of start-up each, and closer to a
+# user's `.[suite]` install, which has none of them. (`conformance run` loads none of them anyway.)
 _BLOCK_UNUSED_PLUGINS = " ".join(f"-p no:{name}" for name in ("schemathesis", "hypothesispytest", "anyio"))
 
 
