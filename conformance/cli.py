@@ -16,6 +16,7 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from conformance.descriptors import CAPABILITIES, DescriptorError
@@ -38,7 +39,7 @@ def _suite_paths(names: list[str] | None) -> list[str]:
     return [str(SUITES_DIR / f"test_{n}.py") for n in (names or known)]
 
 
-def run_pytest(argv: list[str], plugins: list[object] = ()) -> int:
+def run_pytest(argv: list[str], plugins: Sequence[object] = ()) -> int:
     """``pytest.main`` with only the plugins a run needs: the suites' own, and pytest-xdist (``-n``) when
     it is installed. Others installed in the environment are not loaded: one that reorders tests or
     re-runs failures would change what a run means, and importing them all costs every process of a run
