@@ -9,9 +9,7 @@ pytest-xdist, not every plugin installed beside them (see :func:`run_pytest`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import os
 import re
 import sys
 import tempfile
@@ -51,22 +49,9 @@ def run_pytest(argv: list[str], plugins: Sequence[object] = ()) -> int:
         explicit += ["-p", "xdist.plugin"]
     # The variable, not pytest's --disable-plugin-autoload, which pytest before 8.4 lacks; it stays set
     # for the run, so xdist's workers load the same plugins.
-    with _environment(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
         return int(pytest.main(explicit + argv, plugins=list(plugins)))
-
-
-@contextlib.contextmanager
-def _environment(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _common_pytest_args(args: argparse.Namespace) -> list[str]:

@@ -11,6 +11,7 @@ alive, so every request still opens its own connection, as ``httpx.post`` does.
 
 from __future__ import annotations
 
+import functools
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,18 +19,12 @@ import httpx
 
 __all__ = ["LoopbackServer", "loopback_client"]
 
-_client: httpx.Client | None = None
-_client_lock = threading.Lock()
 
-
+@functools.cache
 def loopback_client() -> httpx.Client:
     """The process's client for servers on this machine (thread-safe; proxy settings of the environment,
     meant for the outside world, are ignored)."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
-        return _client
+    return httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 class _Server(ThreadingHTTPServer):

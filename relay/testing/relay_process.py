@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from relay.testing.loopback import loopback_client
 
 __all__ = ["RelayProcess", "free_port"]

@@ -97,16 +97,18 @@ def postgres_url():
 @pytest.fixture
 def postgres_admin_url() -> str:
     """The shared server's admin URL (a role allowed to CREATE DATABASE); skipped when no server answers."""
-    problem = _postgres_unavailable()
-    if problem:
-        pytest.skip(problem)
+    _skip_without_postgres()
     return POSTGRES_ADMIN_URL
 
 
-def _fresh_postgres_url():
+def _skip_without_postgres() -> None:
     problem = _postgres_unavailable()
     if problem:
         pytest.skip(problem)
+
+
+def _fresh_postgres_url():
+    _skip_without_postgres()
     with postgres_database() as url:
         yield url
 
