@@ -22,7 +22,10 @@ def test_a_sent_dispatch_has_its_run_and_upstream_shows_it_queued(database_url, 
 def test_a_sent_close_cancels_the_open_runs_of_the_pr_and_upstream_hears_of_it(database_url, results_relay):  # noqa: F811
     relay, drive = results_relay(database_url)
     nonce = drive.nonce("l4", drive.open_pr(44))
+    # Each status reported before the next change: a change that comes first replaces the one not yet sent.
+    assert relay.parts.results.reporting.wait_idle(10)  # queued
     assert drive.start("l4", nonce).status_code == 200
+    assert relay.parts.results.reporting.wait_idle(10)  # running
     closed = pr_payload("closed", number=44, updated_at="2024-05-01T12:00:00Z")
     closed["pull_request"]["state"] = "closed"
     assert relay.post("pull_request", closed).status_code == 202

@@ -100,6 +100,7 @@ def test_commit_statuses_with_a_token(database_url, results_relay):  # noqa: F81
     delivery = drive.open_pr(24)
     long_failure = [("conformance/suites/test_collectives.py::test_" + "x" * 150, "failed", "boom")]
     nonce = drive.nonce("l4", delivery)
+    settle(relay)  # the queued status, written when the dispatch was sent (a start before it would replace it)
     drive.start("l4", nonce)
     settle(relay)
     from tests.relay.results_support import report
