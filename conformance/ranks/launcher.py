@@ -142,6 +142,7 @@ class LauncherPool(RankPool):
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
             "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
             "symmetric_memory_backend": self.symmetric_memory_backend, "node": world.node,
+            "describe": self.describes_device(world.rank),
         }
         env = self._rank_env(world.local_world_size)
         self.ranks = [RankProcess.spawn(world.rank, config, self.workdir / f"rank{world.rank}.log", env,

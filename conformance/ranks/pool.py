@@ -168,8 +168,18 @@ class RankPool:
             "symmetric_memory_backend": self.symmetric_memory_backend,
         }
         env = self._rank_env(self.world_size)
-        self.ranks = [RankProcess.spawn(rank, {**config, "rank": rank}, self.workdir / f"rank{rank}.log", env,
-                                        self.start_method) for rank in range(self.world_size)]
+        self.ranks = [RankProcess.spawn(rank, {**config, "rank": rank, "describe": self.describes_device(rank)},
+                                        self.workdir / f"rank{rank}.log", env, self.start_method)
+                      for rank in range(self.world_size)]
+
+    def describes_device(self, rank: int) -> bool:
+        """Whether rank ``rank``, now starting, is to probe its device and name it in its ``ready``.
+
+        Only rank 0's first answers are read (``probed_on_ranks``); each probe costs a rank about a second
+        (the symmetric-memory probe imports sympy), again for every rank of every respawn. On an
+        accelerator every rank of the first start probes all the same: a symmetric-memory allocation can
+        be collective there (NVSHMEM's is), and rank 0 alone would wait for its peers forever."""
+        return self.rank_probes is None and (rank == 0 or self.device_type != "cpu")
 
     def _rank_env(self, ranks_here: int) -> dict[str, str]:
         env = dict(self.env)

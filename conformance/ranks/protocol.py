@@ -2,7 +2,8 @@
 
 Controller -> rank: ``call`` (run a function, numbered by ``call``), ``reset_group`` (start a fresh process
 group), ``shutdown``.
-Rank -> controller: ``ready`` (process group up), ``result`` and ``error`` (a remote exception with its
+Rank -> controller: ``ready`` (process group up; with its device's name and probes from a rank whose
+config says ``describe``), ``result`` and ``error`` (a remote exception with its
 traceback), both carrying the number of the call they answer, ``group_ready`` (after a reset),
 ``init_failed`` (start-up failed, with the traceback).
 A rank whose socket closes is gone: the controller sees that as ``RANK_GONE``. A reply the controller

@@ -68,6 +68,29 @@ def test_a_rank_killed_by_a_signal_is_described_the_same_whichever_way_it_starte
         assert pool.run(describe_rank)[1]["argv_config_rank"] == 1  # and the pool came back
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_only_rank_0_of_the_first_start_probes_a_cpu_device_whichever_way_it_started(method, tmp_path):
+    probe_log = tmp_path / "probes.log"
+    env = {**os.environ, "CONFORMANCE_TEST_PROBE_LOG": str(probe_log)}
+    with _pool(method, env=env, setup_modules=("tests.conformance.probe_log",)) as pool:
+        pool.start()
+        first_pids = pool.pids()
+        assert pool.rank_probes["symmetric_memory"][0] is False  # rank 0's answers were read
+        with pytest.raises(RankCrashed, match=r"rank 1 died during die_by_signal"):
+            pool.run(die_by_signal)
+        pool.start()  # respawned: the answers are already known
+        assert pool.pids() != first_pids
+    assert probe_log.read_text().splitlines() == [f"0 {first_pids[0]}"]
+
+
+def test_every_rank_of_an_accelerator_pool_probes_as_a_symmetric_memory_allocation_can_be_collective():
+    gpu = RankPool(descriptor="gpu", device_type="cuda", backend="nccl", world_size=2)
+    assert [gpu.describes_device(rank) for rank in range(2)] == [True, True]
+    gpu.rank_probes = {}  # as after the first start
+    assert [gpu.describes_device(rank) for rank in range(2)] == [False, False]
+    gpu.close()
+
+
 def test_an_unknown_start_method_is_refused_naming_the_known_ones():
     with _pool("thread") as pool:
         with pytest.raises(ValueError, match=r"unknown start method 'thread': expected 'spawn' or 'forkserver'"):
