@@ -21,6 +21,7 @@ rank's channel and status pipe as ancillary file descriptors; the server answers
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import pickle
@@ -248,5 +249,9 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401 - what every rank would import: the reason this server exists
     import torch.distributed  # noqa: F401
 
+    # What the ranks inherit stays out of their garbage collector's full passes (which would walk every
+    # torch object in each rank and copy the pages they touch): the pattern the gc module documents for
+    # a process that forks without exec.
+    gc.freeze()
     _serve(socket.socket(fileno=int(argv[0])))
     return 0
