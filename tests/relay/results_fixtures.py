@@ -27,13 +27,14 @@ def results_backends(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def results_relay(fake_github, oidc_issuer, results_backends):
-    """results_relay(database_url, **settings) -> (RelayUnderTest, Driver); the sweeper is off (tests sweep by hand)."""
+    """results_relay(database_url, **settings) -> (RelayUnderTest, Driver); the sweeper is off (tests sweep by hand).
+    The polls are half a second, as in ``helpers.FAST``: what this relay changes wakes reporting itself."""
     started: list[RelayUnderTest] = []
 
     def start(database_url: str, **overrides):
         values = dict(
-            oidc_issuer=oidc_issuer.url, oidc_audience=AUDIENCE, sweeper_enabled=False, reporting_poll_seconds=0.05,
-            rerun_poll_seconds=0.05, dashboard_url="http://dashboard.test",
+            oidc_issuer=oidc_issuer.url, oidc_audience=AUDIENCE, sweeper_enabled=False, reporting_poll_seconds=0.5,
+            rerun_poll_seconds=0.5, dashboard_url="http://dashboard.test",
         )
         values.update(overrides)
         relay = RelayUnderTest.start(database_url, fake_github, results_backends, **values)
