@@ -140,7 +140,8 @@ class LauncherPool(RankPool):
             "store_prefix": self.prefix, "rank": world.rank, "device_index": world.local_rank,
             "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
-            "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
+            "generation": self.generation, "timeout": self.timeout, "startup_timeout": self.startup_timeout,
+            "default_device": self.default_device,
             "symmetric_memory_backend": self.symmetric_memory_backend, "node": world.node,
             "describe": self.describes_device(world.rank),
         }

@@ -164,7 +164,8 @@ class RankPool:
             "world_size": self.world_size, "store_host": "127.0.0.1", "store_port": self.store.port,
             "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
-            "generation": self.generation, "timeout": self.timeout, "default_device": self.default_device,
+            "generation": self.generation, "timeout": self.timeout, "startup_timeout": self.startup_timeout,
+            "default_device": self.default_device,
             "symmetric_memory_backend": self.symmetric_memory_backend,
         }
         env = self._rank_env(self.world_size)

@@ -157,6 +157,7 @@ class Rank:
         prefix = cfg.get("store_prefix", "")  # under a launcher its store is shared with other runs' keys
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._await_peers(f"{prefix}arrived/{generation}")
         kwargs = {}
         if ctx.device.type != "cpu":
             kwargs["device_id"] = ctx.device
@@ -166,6 +167,15 @@ class Rank:
             timeout=timedelta(seconds=cfg["timeout"]), **kwargs,
         )
         ctx.group = dist.group.WORLD
+
+    def _await_peers(self, key: str) -> None:
+        """Wait, for up to the start-up timeout, until every rank has come this far. Ranks start at different
+        times (under a launcher each is another process's, on another host), and forming the group waits for
+        its peers only as long as the call timeout, which a test may set to seconds."""
+        cfg = self.config
+        if self.store.add(key, 1) == cfg["world_size"]:
+            self.store.set(f"{key}/all", b"1")
+        self.store.wait([f"{key}/all"], timedelta(seconds=cfg["startup_timeout"]))
 
     def on_call(self, call: int, module: str, qualname: str, path: str | None, args: tuple, kwargs: dict) -> None:
         try:

@@ -174,6 +174,15 @@ def test_start_up_that_never_answers_times_out_naming_the_ranks():
     assert "slow pool (2 ranks, gloo): start-up timed out after 2 s; no answer from rank 0, 1" in str(info.value)
 
 
+def test_a_rank_that_starts_later_than_the_call_timeout_still_joins_its_group():
+    """Forming the group waits for late peers up to the start-up timeout, not the call timeout (1 s here)."""
+    env = {**os.environ, "CONFORMANCE_TEST_LATE_RANK": "1", "CONFORMANCE_TEST_LATE_SECONDS": "4"}
+    with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, timeout=1, startup_timeout=60,
+                  setup_modules=("tests.conformance.late_rank",), env=env) as pool:
+        assert [r[4] for r in pool.run(fns.rank_and_sum, 1)] == [3, 3]
+        assert pool.events == []
+
+
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_close_leaves_no_processes(method):
     pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, start_method=method)
