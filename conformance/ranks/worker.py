@@ -225,7 +225,7 @@ def run(config: dict) -> int:
         protocol.send(conn, protocol.INIT_FAILED, rank=config["rank"], traceback=traceback.format_exc())
         return 1
     rank.send(protocol.READY, rank=config["rank"], pid=os.getpid(), device=str(rank.ctx.device),
-              **(rank.describe_device() if config.get("describe") else {}))
+              **(rank.describe_device() if config["describe"] else {}))
     rank.serve()
     try:
         import torch.distributed as dist
