@@ -9,6 +9,11 @@ import sys
 import time
 
 
+def rank_only(ctx):
+    """Nothing but the round trip (bench/rank_call_latency.py)."""
+    return ctx.rank
+
+
 def rank_and_sum(ctx, offset):
     import torch
     import torch.distributed as dist
