@@ -135,16 +135,9 @@ class LauncherPool(RankPool):
         self.generation += 1
         self.spawns += 1
         world = self.world
-        config = {
-            "world_size": world.world_size, "store_host": world.master_addr, "store_port": world.master_port,
-            "store_prefix": self.prefix, "rank": world.rank, "device_index": world.local_rank,
-            "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
-            "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
-            "generation": self.generation, "timeout": self.timeout, "startup_timeout": self.startup_timeout,
-            "default_device": self.default_device,
-            "symmetric_memory_backend": self.symmetric_memory_backend, "node": world.node,
-            "describe": self.describes_device(world.rank),
-        }
+        config = self._rank_config(world.rank, world_size=world.world_size, store_host=world.master_addr,
+                                   store_port=world.master_port, store_prefix=self.prefix,
+                                   device_index=world.local_rank, node=world.node)
         env = self._rank_env(world.local_world_size)
         self.ranks = [RankProcess.spawn(world.rank, config, self.workdir / f"rank{world.rank}.log", env,
                                         self.start_method)]

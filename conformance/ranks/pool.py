@@ -160,18 +160,23 @@ class RankPool:
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.generation += 1
         self.spawns += 1
-        config = {
-            "world_size": self.world_size, "store_host": "127.0.0.1", "store_port": self.store.port,
+        env = self._rank_env(self.world_size)
+        self.ranks = [RankProcess.spawn(rank, self._rank_config(rank, world_size=self.world_size, store_host="127.0.0.1",
+                                                                store_port=self.store.port),
+                                        self.workdir / f"rank{rank}.log", env, self.start_method)
+                      for rank in range(self.world_size)]
+
+    def _rank_config(self, rank: int, *, world_size: int, store_host: str, store_port: int, **extra: Any) -> dict:
+        """What rank ``rank`` of this start is told (``worker.run`` reads it): the pool's settings, the store
+        it meets its peers at, whether it probes its device, and ``extra`` (a launcher's keys)."""
+        return {
+            "rank": rank, "world_size": world_size, "store_host": store_host, "store_port": store_port,
             "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
             "generation": self.generation, "timeout": self.timeout, "startup_timeout": self.startup_timeout,
-            "default_device": self.default_device,
-            "symmetric_memory_backend": self.symmetric_memory_backend,
+            "default_device": self.default_device, "symmetric_memory_backend": self.symmetric_memory_backend,
+            "describe": self.describes_device(rank), **extra,
         }
-        env = self._rank_env(self.world_size)
-        self.ranks = [RankProcess.spawn(rank, {**config, "rank": rank, "describe": self.describes_device(rank)},
-                                        self.workdir / f"rank{rank}.log", env, self.start_method)
-                      for rank in range(self.world_size)]
 
     def describes_device(self, rank: int) -> bool:
         """Whether rank ``rank``, now starting, is to probe its device and name it in its ``ready``.

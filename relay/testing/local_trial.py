@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 
 from relay.testing.fake_github import FakeGitHub
+from relay.testing.loopback import loopback_client
 from relay.testing.oidc_issuer import FakeOidcIssuer
 from relay.testing.relay_process import RelayProcess
-from relay.testing.loopback import loopback_client
 
 __all__ = ["Trial", "act_command", "main", "offline_job_env"]
 
