@@ -35,7 +35,7 @@ from multiprocessing.connection import wait
 
 from conformance.ranks import protocol
 from conformance.ranks.pool import RankCrashed, RankError, RankPool
-from conformance.ranks.process import SPAWN, RankProcess
+from conformance.ranks.process import RankProcess
 
 __all__ = ["LauncherPool", "LauncherWorld", "RunEnd", "WorldLost", "peer_margin"]
 
@@ -106,8 +106,8 @@ class LauncherPool(RankPool):
     """A ``RankPool`` whose world is the launcher's: this process controls rank ``world.rank`` only."""
 
     def __init__(self, *, world: LauncherWorld, shared_root: str | None = None, **kwargs):
-        # One rank per launcher process: a fork server would cost an import of torch, not save one.
-        kwargs.setdefault("start_method", SPAWN)
+        # Started as any pool's ranks are (``default_start_method``): one rank per launcher process,
+        # so a CPU fork server saves no import of torch on the first start, but one on every respawn.
         super().__init__(world_size=world.world_size, **kwargs)
         self.world = world
         self.prefix = f"conformance/{world.run_key}/"

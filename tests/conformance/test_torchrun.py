@@ -224,6 +224,10 @@ def hang_on_last(ctx):
     return ctx.rank
 
 
+def parent_command(ctx):
+    return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\\0", b" ").decode()
+
+
 def read_rank_0s_file(ctx):
     path = Path(ctx.shared_dir) / "from-rank-0"
     if ctx.rank == 0:
@@ -243,6 +247,8 @@ def test_2_rank_killed(ranks):
 
 def test_3_after_the_kill(ranks):
     assert ranks.run(total) == [sum(range(1, LAST + 2))] * (LAST + 1)
+    parents = ranks.run(parent_command)  # respawned on CPU: forked by each launcher process's server
+    assert all("conformance.ranks.forkserver" in p for p in parents), parents
 
 
 def test_4_rank_hangs(ranks):
