@@ -199,7 +199,9 @@ class RankPool:
         return env
 
     def _await_ready(self) -> None:
-        replies = self._collect({protocol.READY, protocol.INIT_FAILED}, self.startup_timeout)
+        # With a grace: once a rank has failed to start, its peers wait for it at the rendezvous until the
+        # start-up timeout; the pool cannot start anyway, so the failure is reported ``grace`` s later.
+        replies = self._collect({protocol.READY, protocol.INIT_FAILED}, self.startup_timeout, grace=self.grace)
         errors = [self._as_remote_error(rank, reply) for rank, reply in sorted(replies.items())
                   if reply[0] != protocol.READY]
         missing = [r for r in range(self.world_size) if r not in replies]
@@ -208,7 +210,10 @@ class RankPool:
             self.device_name, self.rank_probes = first[1].get("device_name"), first[1].get("probes")
         if errors:
             self._teardown(f"start-up failed on rank(s) {_listed(e.rank for e in errors)}")
-            raise RankCrashed(f"{self._label()}: the pool could not start", errors)
+            waiting = (f"; rank {_listed(missing)} had not started {self.grace:g} s after that (waiting for its "
+                       "peers)" if missing else "")
+            raise RankCrashed(f"{self._label()}: the pool could not start: start-up failed on rank "
+                              f"{_listed(e.rank for e in errors)}{waiting}", errors)
         if missing:
             self._teardown(f"start-up timed out after {self.startup_timeout:g} s")
             raise RankTimeout(
@@ -337,7 +342,8 @@ class RankPool:
                  call: int | None = None) -> dict[int, tuple]:
         """{rank: (message name, body)}: one reply per rank of the ``wanted`` kinds, or ``RANK_GONE`` for
         a rank whose channel closed, gathered for at most ``timeout`` s; with ``grace``, stop waiting
-        ``grace`` s after the first error or death (the others may be stuck in a collective). With
+        ``grace`` s after the first error, failed start or death (the others may be stuck in a collective,
+        or waiting for the failed rank at the rendezvous). With
         ``call``, a reply to another call is dropped (one left over from a call that ended early)."""
         replies: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
@@ -363,7 +369,7 @@ class RankPool:
                         continue
                     if name in wanted or name is protocol.RANK_GONE:
                         replies[rank.rank] = (name, body)
-                    if grace is not None and name in (protocol.ERROR, protocol.RANK_GONE):
+                    if grace is not None and name in (protocol.ERROR, protocol.INIT_FAILED, protocol.RANK_GONE):
                         deadline = min(deadline, time.monotonic() + grace)
                         grace = None
         finally:

@@ -164,6 +164,23 @@ def test_start_failure_is_reported_with_the_traceback():
     assert "No module named 'no_such_module_for_conformance'" in str(info.value)
 
 
+def test_a_start_failure_on_one_rank_is_reported_without_waiting_out_the_start_up_timeout():
+    # Rank 0 waits for rank 1 at the rendezvous until the start-up timeout (600 s here); the controller
+    # must report rank 1's failure a grace after it, not wait that long for rank 0 as well.
+    env = {**os.environ, "CONFORMANCE_TEST_FAILING_RANK": "1"}
+    started = time.monotonic()
+    with RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, env=env, grace=1.0,
+                  setup_modules=("tests.conformance.failing_rank",), startup_timeout=600) as pool:
+        with pytest.raises(RankCrashed) as info:
+            pool.run(fns.rank_and_sum, 0)
+    waited = time.monotonic() - started
+    assert info.value.summary.endswith("the pool could not start: start-up failed on rank 1; rank 0 had not "
+                                       "started 1 s after that (waiting for its peers)"), info.value.summary
+    assert [e.rank for e in info.value.errors] == [1]
+    assert "this rank's setup failed on purpose" in str(info.value)
+    assert waited < 300, f"waited {waited:.0f} s: the start-up timeout, not the grace after rank 1 failed"
+
+
 def test_start_up_that_never_answers_times_out_naming_the_ranks():
     with RankPool(descriptor="slow", device_type="cpu", backend="gloo", world_size=2,
                   setup_modules=("tests.conformance.slow_setup",), startup_timeout=2) as pool:
