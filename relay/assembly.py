@@ -55,6 +55,7 @@ class ResultsSide:
     sweeper: Sweeper | None
     reruns: RerunWatcher
     run_changed: Callable[..., None]  # (run_pk=None) a run row changed: reporting looks now
+    rerun_requested: Callable[[], None]  # a re-run request was stored: the re-run watcher looks now
     level_watch: LevelWatch | None = None
     proposals: Proposer | None = None
 
@@ -187,7 +188,8 @@ def build_results_side(settings, *, allowlist, store, github: Any, metrics, disp
     else:
         log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
     return ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=sweeper, reruns=reruns,
-                       run_changed=run_changed, level_watch=level_watch, proposals=proposals)
+                       run_changed=run_changed, rerun_requested=reruns.wake, level_watch=level_watch,
+                       proposals=proposals)
 
 
 def parts_of(where) -> RelayParts:

@@ -1,7 +1,8 @@
 """Re-runs: upstream asks for a backend's run again, and the relay dispatches it again.
 
-Triggered by the re-run watcher's poll (every ``RELAY_RERUN_POLL_SECONDS``) over the webhooks intake
-stored for the results side: ``check_run.rerequested`` (the "Re-run" button on one of our check runs),
+Triggered by intake as it stores a request, and by the re-run watcher's poll (every
+``RELAY_RERUN_POLL_SECONDS``, for requests another replica stored) over the webhooks intake stored for the
+results side: ``check_run.rerequested`` (the "Re-run" button on one of our check runs),
 ``check_suite.rerequested`` ("Re-run all checks": every backend with a check run on that commit), and a PR
 comment ``/retest`` or ``/retest <backend>`` whose author's association is OWNER, MEMBER or
 COLLABORATOR. A check run is ours only when all of these hold: it comes from the relay's GitHub App,
@@ -164,6 +165,12 @@ class RerunWatcher(RunsPeriodically):
         self.poll_seconds = poll_seconds
         self.on_dispatched = on_dispatched  # the dispatcher's wake()
         self._periodic = PeriodicThread("relay-reruns", poll_seconds, self.poll_once)
+
+    @property
+    def wake(self) -> Callable[..., None]:
+        """``wake()``: look at the stored requests now (intake calls it after storing one), not at the next
+        poll. The thread's own wake: the webhook that stored the request runs none of the decision."""
+        return self._periodic.wake
 
     def handle(self, delivery: DeliveryView) -> tuple[str, str | None, list[str]]:
         """Act on one stored request: dispatch again, or record why not."""

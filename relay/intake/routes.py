@@ -3,7 +3,8 @@
 Triggered by GitHub for every upstream webhook. Reads the raw body and headers, the allowlist and the
 settings; writes the delivery, its outbox rows and the PR's labels in one transaction (the store's
 group commit: concurrent webhooks share one commit, and each is answered only once the commit holding
-its rows is done), then wakes the dispatcher. Nothing is sent to GitHub here.
+its rows is done), then wakes the dispatcher (or, for a re-run request, the re-run watcher). Nothing is
+sent to GitHub here.
 
 The :func:`verified_webhook` dependency runs before the handler, so no handler can forget it: body
 size cap (413), then the signature in constant time against every configured secret (401), then the
@@ -60,6 +61,8 @@ class _Wakes(Protocol):
 
 class _Results(Protocol):
     def run_changed(self, run_pk: int | None = None) -> None: ...
+
+    def rerun_requested(self) -> None: ...
 
 
 class IntakeParts(Protocol):
@@ -261,6 +264,8 @@ async def receive_webhook(request: Request, hook: VerifiedWebhook) -> JSONRespon
                               "nothing new is dispatched")
     if targets and state.dispatcher is not None:
         state.dispatcher.wake()
+    if hook.event in STORED_EVENTS:
+        state.results.rerun_requested()  # the re-run watcher decides now, not at its next poll
     if snapshot is not None:
         # New labels (or a new head) can change what a PR's checks show (an L3 label): reporting looks
         # now instead of at its next poll.

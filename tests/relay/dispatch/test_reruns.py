@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from relay.dispatch.reruns import parse_retest
+from tests.relay.conftest import wait_until
 from tests.relay.helpers import PAYLOADS_DIR, UPSTREAM
 from tests.relay.results_fixtures import app_mode, oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import REPOS
@@ -58,13 +59,14 @@ def retest_comment(body: str, association: str, number: int) -> dict:
 
 
 def post_and_handle(relay, event: str, payload: dict):
+    """Post a re-run request and wait until the watcher has handled it. The tests that use this give the
+    watcher an hour-long poll: intake's wake is what brings it to the request."""
     delivery = str(uuid.uuid4())
     response = relay.post(event, payload, delivery=delivery)
     assert response.status_code == 202 and response.json()["status"] == "stored", response.text
-    watcher = relay.parts.results.reruns
-    watcher.poll_once()
+    request = wait_until(lambda: relay.store.rerun_request(delivery), what="the re-run watcher to handle the request")
     relay.wait_settled()
-    return delivery, relay.store.rerun_request(delivery)
+    return delivery, request
 
 
 def dispatched_to(relay, backend: str, delivery: str) -> list[dict]:
