@@ -55,7 +55,6 @@ class ResultsSide:
     sweeper: Sweeper | None
     reruns: RerunWatcher
     run_changed: Callable[..., None]  # (run_pk=None) a run row changed: reporting looks now
-    rerun_requested: Callable[[], None]  # a re-run request was stored: the re-run watcher looks now
     level_watch: LevelWatch | None = None
     proposals: Proposer | None = None
 
@@ -68,6 +67,10 @@ class ResultsSide:
         for part in (self.proposals, self.level_watch, self.reruns, self.sweeper, self.reporting):
             if part is not None:
                 part.stop()
+
+    def rerun_requested(self) -> None:
+        """Intake stored a re-run request: the re-run watcher looks now, not at its next poll."""
+        self.reruns.wake()
 
     def problems(self) -> list[str]:
         """One sentence per background worker whose passes keep failing (``/readyz``)."""
@@ -188,8 +191,7 @@ def build_results_side(settings, *, allowlist, store, github: Any, metrics, disp
     else:
         log.info("RELAY_PROPOSALS_REPOSITORY is unset: level changes and quarantine releases are not proposed")
     return ResultsSide(callbacks=callbacks, reporter=reporter, reporting=reporting, sweeper=sweeper, reruns=reruns,
-                       run_changed=run_changed, rerun_requested=reruns.wake, level_watch=level_watch,
-                       proposals=proposals)
+                       run_changed=run_changed, level_watch=level_watch, proposals=proposals)
 
 
 def parts_of(where) -> RelayParts:

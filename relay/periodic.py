@@ -147,6 +147,13 @@ class RunsPeriodically:
     def problem(self) -> str | None:
         return self._periodic.problem()
 
+    @property
+    def wake(self) -> Callable[..., None]:
+        """``wake(...)``: run the next pass now, not at the end of the poll. It is the thread's own wake
+        (``PeriodicThread.wake``), handed to the parts that change what a pass reads (intake, callbacks,
+        the dispatcher), so the part that wakes a worker runs none of the worker's pass itself."""
+        return self._periodic.wake
+
     def start(self) -> None:
         self._periodic.start()
 

@@ -166,12 +166,6 @@ class RerunWatcher(RunsPeriodically):
         self.on_dispatched = on_dispatched  # the dispatcher's wake()
         self._periodic = PeriodicThread("relay-reruns", poll_seconds, self.poll_once)
 
-    @property
-    def wake(self) -> Callable[..., None]:
-        """``wake()``: look at the stored requests now (intake calls it after storing one), not at the next
-        poll. The thread's own wake: the webhook that stored the request runs none of the decision."""
-        return self._periodic.wake
-
     def handle(self, delivery: DeliveryView) -> tuple[str, str | None, list[str]]:
         """Act on one stored request: dispatch again, or record why not."""
         try:

@@ -218,13 +218,6 @@ class ReportingWorker(RunsPeriodically):
         self._idle = False  # the last finished pass left nothing pending
         self._periodic = PeriodicThread("relay-reporting", poll_seconds, self._counted_pass, next_wait=self._next_wait)
 
-    @property
-    def wake(self) -> Callable[..., None]:
-        """``wake(run_pk=None)``: look for pending reports now; also the parts' ``run_changed`` (a callback,
-        a time-out, a dispatch sent, new labels). Which run changed does not matter: the pass finds what
-        changed by query. It is the thread's own wake, so a webhook that wakes reporting runs none of it."""
-        return self._periodic.wake
-
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """For tests and shutdown: True once a pass that started after this call left nothing pending."""
         with self._passes:
