@@ -28,6 +28,18 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
+def destroy_once_connected(dist, group) -> None:
+    """Destroy a group this call made, after a barrier on it. Over gloo, ``new_group`` can return on one
+    rank while a peer is still connecting to it; a rank that then destroys the group at once (every call on
+    it refused before it sent anything) closes the connection under that peer, whose ``new_group`` fails
+    with "Connection closed by peer". The barrier (torch's own, whatever ``dist`` stands in for) waits
+    until every member has it."""
+    import torch.distributed
+
+    torch.distributed.barrier(group=group)
+    dist.destroy_process_group(group)
+
+
 # -- reductions -------------------------------------------------------------------------------------
 
 @packed

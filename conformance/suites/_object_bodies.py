@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 
-from conformance.suites._collective_bodies import _error, rank_object
+from conformance.suites._collective_bodies import _error, destroy_once_connected, rank_object
 from conformance.suites._collective_impls import resolve_dist
 
 OBJECTS_PER_MESSAGE = 3
@@ -116,5 +116,5 @@ def subgroup_objects_on_rank(ctx, salt: str, impl: str = "torch") -> dict | str 
         attempt(name, fn)
     if len(members) >= 2:
         attempt("send_object_list/recv_object_list", point_to_point)
-    dist.destroy_process_group(group)
+    destroy_once_connected(dist, group)
     return out

@@ -8,7 +8,7 @@ salts (``message_salt``).
 
 from __future__ import annotations
 
-from conformance.suites._collective_bodies import _error
+from conformance.suites._collective_bodies import _error, destroy_once_connected
 from conformance.suites._collective_data import packed, payload
 from conformance.suites._collective_impls import resolve_dist
 
@@ -123,5 +123,5 @@ def batch_refusals_on_rank(ctx, impl: str = "torch") -> dict[str, str | None]:
             outcome[what] = None
             for work in works or ():
                 work.wait()
-    dist.destroy_process_group(other)
+    destroy_once_connected(dist, other)
     return outcome

@@ -12,7 +12,7 @@ Every function takes ``impl`` (``_collective_impls.resolve_dist``).
 
 from __future__ import annotations
 
-from conformance.suites._collective_bodies import _error
+from conformance.suites._collective_bodies import _error, destroy_once_connected
 from conformance.suites._collective_data import packed, payload, reduce_input
 from conformance.suites._collective_impls import resolve_dist
 
@@ -97,7 +97,7 @@ def subgroup_collectives_on_rank(ctx, salt: str, groups: list[list[int]], dtype:
         results.append(record)
     for group in made:
         if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(group)
+            destroy_once_connected(dist, group)
     return results
 
 
