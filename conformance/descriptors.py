@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
 import os
 import re
 from pathlib import Path
@@ -190,6 +191,7 @@ class Tolerance(_Strict):
 TOLERANCE_DTYPES = ("float32", "bfloat16")
 
 
+@functools.lru_cache(maxsize=None)  # every collected test is matched against every known failure
 def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
 

@@ -15,6 +15,7 @@ import concurrent.futures
 import dataclasses
 import datetime as dt
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,7 @@ class Store(ResultsOperations):
         self._probe_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-store-probe")
         self._probe_lock = threading.Lock()
         self._probe_pending: concurrent.futures.Future | None = None
+        self._probe_started = 0.0
 
     @contextmanager
     def _write_lock(self, *, bulk: bool = False) -> Iterator[None]:
@@ -117,19 +119,28 @@ class Store(ResultsOperations):
 
     def probe(self) -> None:
         """Write the probe row within the deadline, or raise :class:`StoreUnavailable` saying why."""
-        with self._probe_lock:
-            if self._probe_pending is None or self._probe_pending.done():
-                self._probe_pending = self._probe_pool.submit(self._write_probe)
-            pending = self._probe_pending
-        try:
-            pending.result(timeout=self.deadline_seconds)
-        except concurrent.futures.TimeoutError:
-            raise StoreUnavailable(
-                f"store {self.safe_url} cannot be written: a write has not finished within "
-                f"{self.deadline_seconds:g}s (RELAY_STORE_DEADLINE_SECONDS)"
-            ) from None
-        except StoreUnavailable as exc:
-            raise StoreUnavailable(f"store {self.safe_url} cannot be written: {exc}") from exc
+        asked_at = time.monotonic()
+        deadline = asked_at + self.deadline_seconds
+        while True:
+            with self._probe_lock:
+                if self._probe_pending is None or self._probe_pending.done():
+                    self._probe_pending = self._probe_pool.submit(self._write_probe)
+                    self._probe_started = time.monotonic()
+                pending, started = self._probe_pending, self._probe_started
+            try:
+                pending.result(timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except concurrent.futures.TimeoutError:
+                raise StoreUnavailable(
+                    f"store {self.safe_url} cannot be written: a write has not finished within "
+                    f"{self.deadline_seconds:g}s (RELAY_STORE_DEADLINE_SECONDS)"
+                ) from None
+            except StoreUnavailable as exc:
+                # A probe begun before this call may have failed on a lock or outage gone since: the
+                # answer must describe the store as it is now, so a fresh probe gets what is left of the deadline.
+                if started < asked_at and time.monotonic() < deadline:
+                    continue
+                raise StoreUnavailable(f"store {self.safe_url} cannot be written: {exc}") from exc
 
     @guarded
     def _write_probe(self) -> None:
