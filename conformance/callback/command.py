@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path

@@ -77,8 +77,6 @@ def rejected_reduction_on_rank(ctx, op: str, dtype: str, impl: str = "torch"):
 @packed
 def reduce_scatter_on_rank(ctx, salt: str, op: str, dtype: str, chunk: int, impl: str = "torch"):
     """The tensor form and the list form: (tensor result, list result)."""
-    import torch
-
     dist = resolve_dist(impl)
     world = ctx.world_size
     full = reduce_input(salt, ctx.rank, chunk * world, dtype, op).to(ctx.device)
@@ -97,8 +95,6 @@ def uneven_sizes(world: int) -> list[int]:
 
 @packed
 def reduce_scatter_uneven_on_rank(ctx, salt: str, op: str, dtype: str, impl: str = "torch"):
-    import torch
-
     dist = resolve_dist(impl)
     sizes = uneven_sizes(ctx.world_size)
     full = reduce_input(salt, ctx.rank, sum(sizes), dtype, op).to(ctx.device)
@@ -139,8 +135,6 @@ def all_gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torc
 @packed
 def gather_on_rank(ctx, salt: str, dtype: str, numel: int, impl: str = "torch"):
     """gather to every dst in turn: ``[list gathered on dst 0 (None elsewhere), ...]``."""
-    import torch
-
     dist = resolve_dist(impl)
     local = payload(salt, ctx.rank, numel, dtype).to(ctx.device)
     out = []
@@ -219,8 +213,6 @@ def all_to_all_list_on_rank(ctx, salt: str, dtype: str, kind: str, impl: str = "
 def coalesced_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     """all_reduce_coalesced and a coalescing manager around all_reduce, all_gather_into_tensor and
     reduce_scatter_tensor, on tensors of different sizes: ``{form: [results]}``."""
-    import torch
-
     dist = resolve_dist(impl)
     world, sizes = ctx.world_size, (3, 5)
     out: dict[str, Any] = {}
@@ -393,8 +385,6 @@ def isend_irecv_tags_on_rank(ctx, salt: str, count: int, impl: str = "torch"):
 @packed
 def batch_isend_irecv_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     """One batch per rank: send to both neighbours, receive from both. (from prev, from next)."""
-    import torch
-
     dist = resolve_dist(impl)
     world, rank = ctx.world_size, ctx.rank
     nxt, prev = (rank + 1) % world, (rank - 1) % world

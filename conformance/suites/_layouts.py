@@ -65,8 +65,6 @@ def make_view(layout: str, rows: int, device) -> tuple[Any, Any]:
 
 def make_input(layout: str, values, device) -> tuple[Any, Any]:
     """(canvas, view) holding ``values`` (shape (rows, COLS)) in ``layout``."""
-    import torch
-
     if layout == "expanded":
         base = values[:1].to(device).clone()
         return base, base.expand(values.shape[0], COLS)

@@ -343,7 +343,6 @@ def pipeline(ctx, *, schedule: str = "ScheduleGPipe", feed: str = "torch") -> di
     """The blocks model split into one stage per rank (two per rank, round robin, for a looped schedule),
     ``MICROBATCHES`` micro-batches; the last stage's per-micro-batch losses and every stage's gradients
     against the unsplit model. ``feed(x, microbatches)`` is what the first stage is given."""
-    import torch
     import torch.distributed.pipelining as pipelining
 
     per_rank = 2 if schedule in LOOPED else 1

@@ -75,8 +75,6 @@ def _call(dist, name: str, group, members: list[int], data, out):
 @packed
 def subgroup_collectives_on_rank(ctx, salt: str, groups: list[list[int]], dtype: str, impl: str = "torch"):
     """``[{collective: (the buffer the result lands in, or an error)} per group of the layout]``."""
-    import torch
-
     dist = resolve_dist(impl)
     rank = ctx.rank
     made = [dist.new_group(members) for members in groups]

@@ -24,8 +24,6 @@ def uneven_size(rank: int) -> int:
 @packed
 def uneven_all_gather_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     """``[rank r's tensor of uneven_size(r) elements for every r]`` or the error."""
-    import torch
-
     dist = resolve_dist(impl)
     mine = payload(salt, ctx.rank, uneven_size(ctx.rank), dtype).to(ctx.device)
     out = [unwritten(uneven_size(r), mine.dtype, ctx.device) for r in range(ctx.world_size)]
@@ -39,8 +37,6 @@ def uneven_all_gather_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
 @packed
 def coalesced_direct_on_rank(ctx, salt: str, dtype: str, impl: str = "torch"):
     """``{"allgather_into_tensor_coalesced": [outputs] or error, "reduce_scatter_tensor_coalesced": ...}``."""
-    import torch
-
     dist = resolve_dist(impl)
     pg, world, rank = dist.group.WORLD, ctx.world_size, ctx.rank
     out: dict = {}

@@ -31,7 +31,7 @@ END_LIMIT = 10.0  # abort / shutdown / destroy_process_group with work pending m
 def check_subgroup(ranks, kind, impl="torch"):
     import torch
 
-    salt, world = "groups", ranks.world_size
+    salt = "groups"
     results = data.run_packed(ranks, bodies.subgroups_on_rank, salt, kind, impl=impl)
     problems = []
     for rank, outcome in enumerate(results):

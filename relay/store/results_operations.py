@@ -14,10 +14,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
-
 from conformance import provenance
-from relay.store.run_states import RunState, TransitionRefused, check_transition
+from relay.store.run_states import RunState, check_transition
 from relay.store import (
     callback_nonces, dispatches, oidc_identities, per_test_results, quarantine, reported_states, rerun_requests,
     result_batches, runs,
