@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 import tempfile
@@ -280,9 +281,25 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
     if code != 0:  # a usage or collection error (already shown): a partial list would mislead
         return code
-    print("\n".join(lister.lines))
-    print(f"{len(lister.lines)} tests")
+    print_whole("\n".join(lister.lines + [f"{len(lister.lines)} tests"]))
     return 0
+
+
+def print_whole(text: str, stream=None) -> None:
+    """Print ``text`` and a newline to ``stream`` (stdout), all of it. Unbuffered (``PYTHONUNBUFFERED``,
+    ``-u``), Python's ``print`` hands a long text to one write(2) and drops what that call did not take; a
+    write to a full pipe that a signal interrupts takes part of it. A listing cut short that way would still
+    exit 0."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no file behind it (a captured stream): its write is whole
+        stream.write(text + "\n")
+        return
+    stream.flush()
+    rest = memoryview((text + "\n").encode(stream.encoding or "utf-8", errors="replace"))
+    while rest:
+        rest = rest[os.write(fd, rest):]
 
 
 def build_parser() -> argparse.ArgumentParser:

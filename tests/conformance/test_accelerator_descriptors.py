@@ -21,7 +21,10 @@ def test_ids():
     cmd = [exe] if exe else [sys.executable, "-m", "conformance.cli"]
     result = subprocess.run(cmd + ["list", "--backend", "cpu"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    return [line.split()[0] for line in result.stdout.splitlines() if "::" in line]
+    listed = [line.split()[0] for line in result.stdout.splitlines() if "::" in line]
+    # The listing ends with its count: a listing cut short must fail here, not as patterns matching no test.
+    assert result.stdout.splitlines()[-1] == f"{len(listed)} tests", result.stdout[-2000:] + result.stderr[-2000:]
+    return listed
 
 
 @pytest.mark.parametrize("name", ACCELERATORS)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import io
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import yaml
 
@@ -101,6 +106,42 @@ def test_list_shows_capabilities_and_fate(tmp_path):
     assert "collectives::test_barrier  requires: collectives" in lines
     premul = [l for l in lines if l.startswith("collectives::test_all_reduce[PREMUL_SUM-float32]")][0]
     assert "[xfail: known failure on cpu: gloo has no PREMUL_SUM reduction" in premul
+
+
+def test_a_listing_reaches_a_slow_pipe_whole_while_signals_interrupt_its_writes():
+    """Unbuffered, as under PYTHONUNBUFFERED; a one-page pipe read slowly, and a signal every millisecond
+    while the listing is written: ``print`` loses most of it here, ``print_whole`` none."""
+    from conformance.cli import print_whole
+
+    text = "\n".join(f"collectives::test_{i:05d}  requires: collectives" + " " * 40 for i in range(1000))
+
+    def received(write) -> bytes:
+        read_end, write_end = os.pipe()
+        fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ: the smallest pipe Linux gives
+        got = bytearray()
+
+        def read_slowly():
+            with os.fdopen(read_end, "rb", buffering=0) as pipe:
+                while chunk := pipe.read(4096):
+                    got.extend(chunk)
+                    time.sleep(0.002)
+
+        reader = threading.Thread(target=read_slowly)
+        reader.start()
+        stream = io.TextIOWrapper(io.FileIO(write_end, "w"), write_through=True)  # what -u makes stdout
+        previous = signal.signal(signal.SIGALRM, lambda *_: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+        try:
+            write(stream)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            stream.close()
+            reader.join()
+        return bytes(got)
+
+    assert len(received(lambda stream: print(text, file=stream))) < len(text)  # the harness does interrupt
+    assert received(lambda stream: print_whole(text, stream)).decode() == text + "\n"
 
 
 def test_backends_refuses_an_unknown_backend_by_name(tmp_path):
