@@ -24,17 +24,26 @@ _postgres_problem: list[str | None] = []
 
 
 def _postgres_unavailable() -> str | None:
+    """Why the shared PostgreSQL server cannot be used, or None; asked once per process. A server that
+    is slow to answer on a loaded machine gets three tries: one late answer must not skip every
+    PostgreSQL test of a worker."""
     if not _postgres_problem:
         import psycopg
 
-        try:
-            with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3, autocommit=True) as conn:
-                conn.execute("SELECT 1")
-            _postgres_problem.append(None)
-        except psycopg.Error as exc:
+        for attempt in range(3):
+            try:
+                with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=5, autocommit=True) as conn:
+                    conn.execute("SELECT 1")
+                _postgres_problem.append(None)
+                break
+            except psycopg.Error as exc:
+                error = exc
+                if attempt < 2:
+                    time.sleep(1)
+        else:
             _postgres_problem.append(
                 f"no PostgreSQL at RELAY_TEST_POSTGRES_URL={POSTGRES_ADMIN_URL.split('@')[-1]} "
-                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                f"({str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}); "
                 "start it with `pg_ctlcluster 15 main start` and create the role (see .ci/postgres)"
             )
     return _postgres_problem[0]
@@ -102,7 +111,10 @@ def postgres_admin_url() -> str:
 
 
 def _skip_without_postgres() -> None:
+    """Skip without a server, or fail where ``RELAY_TEST_POSTGRES_REQUIRED=1`` says one was started (CI)."""
     problem = _postgres_unavailable()
+    if problem and os.environ.get("RELAY_TEST_POSTGRES_REQUIRED") == "1":
+        pytest.fail(f"RELAY_TEST_POSTGRES_REQUIRED=1, but {problem}")
     if problem:
         pytest.skip(problem)
 
