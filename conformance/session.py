@@ -288,8 +288,12 @@ class ConformanceSession:
         d = self.descriptor
         gpu = next((p.device_name for p in self.pools.values() if p.device_name), None)
         driver = _driver(d)
-        caps = {name: CapabilityStatus(declared=d.declares(name), probed=p.available, reason=p.reason)
-                for name, p in self.capabilities.probes.items()}
+        # What the run probed: the capabilities its selected tests needed (and the header's cheap ones). Probing
+        # the rest here would import DTensor and Dynamo, and start ranks, for a report on tests that used none.
+        probes = self.capabilities.probes
+        caps = {name: CapabilityStatus(declared=d.declares(name), probed=probes[name].available,
+                                       reason=probes[name].reason)
+                for name in getattr(probes, "probed", CAPABILITIES)}
         return ConformanceReport(
             backend=BackendInfo(name=d.name, device_type=d.device_type,
                                 distributed_backend=d.distributed_backend, world_size=self.world_size,
