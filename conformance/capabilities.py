@@ -107,11 +107,16 @@ class CapabilityReport:
             return False, f"{capability} unavailable on {self.descriptor.name}: {probe.reason}"
         return True, ""
 
+    @property
+    def probed(self) -> list[str]:
+        """The capabilities probed so far, in the canonical order (all of them for probes given whole)."""
+        return getattr(self.probes, "probed", list(_capabilities()))
+
     def mismatches(self, probed_only: bool = False) -> list[str]:
         """One line per capability whose declaration and probe disagree (``probed_only``: among those
         probed so far, probing nothing more)."""
         lines = []
-        names = getattr(self.probes, "probed", _capabilities()) if probed_only else _capabilities()
+        names = self.probed if probed_only else _capabilities()
         for name in names:
             declared, probe = self.descriptor.declares(name), self.probes[name]
             if declared and not probe.available:

@@ -261,7 +261,7 @@ class ConformanceSession:
             # from rank 0 alone, a collective the others never join (they probe as they collect).
             if self.launcher is None or name not in RANK_SIDE_PROBES:
                 self.capabilities.probes[name]
-        probed = set(getattr(self.capabilities.probes, "probed", CAPABILITIES))
+        probed = set(self.capabilities.probed)
         shown = [f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
                  for name in CAPABILITIES]
         lines.append("conformance: capabilities: " + " ".join(shown)
@@ -293,7 +293,7 @@ class ConformanceSession:
         probes = self.capabilities.probes
         caps = {name: CapabilityStatus(declared=d.declares(name), probed=probes[name].available,
                                        reason=probes[name].reason)
-                for name in getattr(probes, "probed", CAPABILITIES)}
+                for name in self.capabilities.probed}
         return ConformanceReport(
             backend=BackendInfo(name=d.name, device_type=d.device_type,
                                 distributed_backend=d.distributed_backend, world_size=self.world_size,
