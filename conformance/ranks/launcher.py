@@ -254,6 +254,21 @@ def _poll(store, key: str, timeout: float) -> bool:
         time.sleep(0.02)
 
 
+def _still_running(pid: int) -> bool:
+    """Whether process ``pid`` has not exited (a zombie, exited and not yet reaped, has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:  # no /proc (not Linux): a zombie counts as running until its parent reaps it
+        return True
+
+
 class RunEnd:
     """The launcher world's last exchange (see the module docstring), through the launcher's store.
 
@@ -276,10 +291,19 @@ class RunEnd:
         return {rank: json.loads(value) for rank, value in found.items()}, [r for r in keys if r not in found]
 
     def announce(self, code: int, ranks: list[int], timeout: float = ACK_TIMEOUT) -> list[int]:
-        """Rank 0: publish the run's exit code and wait until ``ranks`` have read it; the ranks that did not."""
+        """Rank 0: publish the run's exit code, wait until ``ranks`` have read it and those on this host have
+        exited; the ranks that did not read it. torchrun stops a node's other processes once one exits
+        non-zero: a rank still on its way out when rank 0 leaves would die of that SIGTERM, a failure."""
+        deadline = time.monotonic() + timeout
         self.store.set(f"{self.prefix}code", str(code))
         keys = {rank: f"{self.prefix}ack/{rank}" for rank in ranks}
-        return [r for r in keys if r not in self._wait_for(keys, timeout)]
+        acks = self._wait_for(keys, timeout)
+        here = socket.gethostname()
+        local = [int(pid) for host, _, pid in (ack.decode().partition(" ") for ack in acks.values())
+                 if host == here and pid.isdigit()]
+        while any(_still_running(pid) for pid in local) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return [r for r in keys if r not in acks]
 
     def await_code(self, timeout: float) -> int | None:
         """Not rank 0: rank 0's exit code once it has written the report, or None if it never came."""
@@ -287,7 +311,7 @@ class RunEnd:
         if not found:
             return None
         try:
-            self.store.set(f"{self.prefix}ack/{self.world.rank}", "1")
+            self.store.set(f"{self.prefix}ack/{self.world.rank}", f"{socket.gethostname()} {os.getpid()}")
         except Exception:  # noqa: BLE001 - rank 0 has gone already: nothing left to tell it
             pass
         return int(found[0])

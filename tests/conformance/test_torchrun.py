@@ -193,6 +193,7 @@ def test_two_by_two_c10d_world_has_intra_and_inter_node_groups(tmp_path):
 
 
 RUN_END_TESTS = '''
+import atexit
 import os
 import signal
 import time
@@ -204,6 +205,15 @@ import torch.distributed as dist
 from conformance import shared_dir
 
 LAST = int(os.environ["WORLD_SIZE"]) - 1
+
+
+def _leave_slowly():
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as late in an interpreter's end, when Python's handlers are gone
+    time.sleep(3)
+
+
+if int(os.environ["RANK"]) == LAST:
+    atexit.register(_leave_slowly)  # rank 0, exiting 1, must not leave (and have torchrun stop this one) first
 
 
 def total(ctx):
