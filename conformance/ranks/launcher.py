@@ -16,7 +16,8 @@ The run ends with one more exchange (``RunEnd``): every controller publishes its
 gathers them, writes the report and publishes the run's exit code, and the others wait for that code
 before they exit. torchrun tears down every local worker as soon as one exits non-zero, so a rank
 that left first would kill rank 0 mid-report; waiting, then exiting 0, leaves the run's exit code to
-rank 0, which carries every rank's outcome.
+rank 0, which carries every rank's outcome. Rank 0 itself leaves only once the ranks on its host have
+exited, for the same reason.
 """
 
 from __future__ import annotations
