@@ -38,6 +38,21 @@ class RelayProcess:
         self.process = None
 
     def start(self, timeout: float = 60) -> "RelayProcess":
+        """Start ``relay serve`` and wait until it, not some other process on its port, answers ``/readyz``.
+
+        ``free_port`` only finds a port that was free a moment ago; another test's server may take it first.
+        So the relay counts as up only once its own process listens on the port, and a relay that could not
+        bind its port is started again on a fresh one.
+        """
+        for _ in range(3):
+            outcome = self._start_once(timeout)
+            if outcome != "port taken":
+                return self
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+        raise RuntimeError(f"relay serve found its port taken three times: {self.log_path.read_text()[-2000:]}")
+
+    def _start_once(self, timeout: float) -> str:
         import os
         import subprocess
         import sys
@@ -45,6 +60,7 @@ class RelayProcess:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
         environment.update(self.env)
         log = open(self.log_path, "ab")
+        log_start = log.tell()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "relay.cli", "serve", "--port", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=Path(__file__).resolve().parents[2],  # a checkout's root: its relay is the one served
@@ -53,15 +69,29 @@ class RelayProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
+                with open(self.log_path, "rb") as log_file:
+                    log_file.seek(log_start)
+                    if b"address already in use" in log_file.read().lower():  # uvicorn logs this at ERROR
+                        return "port taken"
                 raise RuntimeError(f"relay serve exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                if loopback_client().get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+            if self._listening():
+                try:
+                    if loopback_client().get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                        return "ready"
+                except httpx.HTTPError:
+                    pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"relay serve did not become healthy: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        import psutil
+
+        try:
+            sockets = psutil.Process(self.process.pid).net_connections(kind="tcp4")
+        except psutil.Error:  # it has just exited: the next poll says how
+            return False
+        return any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets)
 
     def kill(self) -> None:
         import signal

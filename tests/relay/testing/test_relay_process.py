@@ -1,0 +1,47 @@
+"""``RelayProcess`` counts a relay as up only when that relay itself answers on its port.
+
+``free_port`` hands out a port that was free a moment ago; under xdist another worker's server can take
+it before ``relay serve`` binds it. Then ``/readyz`` on that port answers 200 from the other server
+while this relay fails to bind and exits, and a test goes on against the wrong process.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+from relay.testing.relay_process import RelayProcess
+from tests.relay.faults.test_crash_safety import _env
+
+
+class _Healthy(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        body = json.dumps({"status": "ok"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_port_taken_by_another_server_is_not_taken_for_the_relay(sqlite_url, fake_github, backends_dir, tmp_path):
+    relay = RelayProcess(_env(sqlite_url, fake_github, backends_dir), tmp_path / "relay.log")
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", relay.port), _Healthy)  # answers /readyz with 200
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    taken_port = relay.port
+    try:
+        relay.start()
+        try:
+            assert relay.port != taken_port
+            assert relay.process.poll() is None
+            log = (tmp_path / "relay.log").read_text()
+            assert "address already in use" in log.lower()  # the first try met the impostor
+            assert f"Uvicorn running on http://127.0.0.1:{relay.port}" in log
+        finally:
+            relay.stop()
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
