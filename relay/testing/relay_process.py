@@ -81,6 +81,8 @@ class RelayProcess:
                 except httpx.HTTPError:
                     pass
             if time.monotonic() > deadline:
+                self.process.kill()  # a relay that never came up must not outlive the test that started it
+                self.process.wait(10)
                 raise RuntimeError(f"relay serve did not become healthy: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.05)
 

@@ -11,6 +11,8 @@ import http.server
 import json
 import threading
 
+import pytest
+
 from relay.testing.relay_process import RelayProcess
 from tests.relay.faults.test_crash_safety import _env
 
@@ -45,3 +47,10 @@ def test_a_port_taken_by_another_server_is_not_taken_for_the_relay(sqlite_url, f
     finally:
         impostor.shutdown()
         impostor.server_close()
+
+
+def test_a_relay_that_does_not_come_up_in_time_is_not_left_running(sqlite_url, fake_github, backends_dir, tmp_path):
+    relay = RelayProcess(_env(sqlite_url, fake_github, backends_dir), tmp_path / "relay.log")
+    with pytest.raises(RuntimeError, match="relay serve did not become healthy"):
+        relay.start(timeout=0)
+    assert relay.process.poll() is not None  # killed and reaped, not serving on for the rest of the run
