@@ -1,8 +1,9 @@
 """``relay serve`` as a real subprocess on 127.0.0.1, for tests that kill it, restart it or run several.
 
 Started by a test (``RelayProcess(env, log_path).start()``, ``env`` the ``RELAY_*`` settings); waits
-until ``/readyz`` answers 200. Its output goes to ``log_path``; ``post`` sends a webhook signed with
-the first of its webhook secrets; ``kill`` is ``kill -9``.
+until the process itself listens on its port and ``/readyz`` answers 200 (another server may have taken
+the port first: then it starts again on a fresh one). Its output goes to ``log_path``; ``post`` sends a
+webhook signed with the first of its webhook secrets; ``kill`` is ``kill -9``.
 """
 
 from __future__ import annotations
