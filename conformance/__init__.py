@@ -11,8 +11,9 @@ torch-free and the relay can read descriptors and the report schema without torc
   ``validate_report``
 
 Module map: ``descriptors`` (backends/*.yaml), ``detect`` (which one is here), ``capabilities``
-(probes), ``ranks/`` (the pool), ``session`` (one run), ``plugin`` (pytest glue), ``report`` (JSON
-contract), ``checks`` (assertions), ``cli`` (``conformance`` command), ``suites/`` (the tests).
+(probes), ``ranks/`` (the pool), ``session`` (one run), ``plugin`` (pytest glue), ``items`` (what a
+collected test needs), ``report`` (JSON contract), ``checks`` (assertions), ``cli`` (``conformance``
+command), ``suites/`` (the tests).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from conformance.descriptors import CAPABILITIES, DescriptorError
-from conformance.plugin import SUITES_DIR, required_capabilities, required_world_size, suite_name, test_id_of
+from conformance.items import SUITES_DIR, required_capabilities, required_world_size, suite_name, test_id_of
 
 COLUMNS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "unexpected_passes")
 HEADINGS = {"unexpected_passes": "unexpected passes"}

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from conformance.descriptors import CAPABILITIES, DescriptorError
+from conformance.items import (SUITES_DIR, required_capabilities, required_min_ranks, required_world_size,
+                               suite_name, test_id_of)
 from conformance.report import KnownFailureApplied, TestResult, write_report
 
 SESSION_KEY = pytest.StashKey["ConformanceSession | None"]()
@@ -27,7 +29,6 @@ KNOWN_FAILURE_PROPERTY = "conformance.known_failure."  # + match, reason, link, 
 OUTCOME_PROPERTY = "conformance.outcome"
 WORLD_SIZE_PROPERTY = "conformance.world_size"  # the ranks of the pool a test ran on
 UNEXPECTED_PASS = "unexpected_pass"
-SUITES_DIR = Path(__file__).resolve().parent / "suites"
 
 
 # Help text: one sentence, lower case, naming the default.
@@ -113,16 +114,6 @@ def _header_up_front(config: pytest.Config) -> bool:
     return config.getoption("backend") != "auto" or bool(config.getoption("conformance_report"))
 
 
-def suite_name(path: str | os.PathLike) -> str:
-    """``.../test_collectives.py`` -> ``collectives``."""
-    return Path(path).stem.removeprefix("test_")
-
-
-def test_id_of(item: pytest.Item) -> str:
-    """What known-failure patterns match: ``<suite>::<test name with parameters>``."""
-    return f"{suite_name(item.path)}::{item.name}"
-
-
 def _is_conformance_item(item: pytest.Item) -> bool:
     return ("ranks" in getattr(item, "fixturenames", ())
             or item.get_closest_marker("requires") is not None
@@ -162,35 +153,6 @@ def _shared_dir(value: str | None) -> str | None:
         raise pytest.UsageError(f"--shared-dir {value}: cannot create it ({exc.strerror}); pass a directory "
                                 "every node mounts and this user can write") from None
     return str(path)
-
-
-def required_capabilities(item: pytest.Item) -> list[str]:
-    needed: list[str] = []
-    for marker in item.iter_markers("requires"):
-        for name in marker.args:
-            if name not in CAPABILITIES:
-                raise pytest.UsageError(
-                    f"{item.nodeid}: @requires({name!r}): unknown capability; allowed: {', '.join(CAPABILITIES)}")
-            needed.append(name)
-    return needed
-
-
-def required_world_size(item: pytest.Item) -> int | None:
-    marker = item.get_closest_marker("world_size")
-    if marker is None:
-        return None
-    if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1:
-        raise pytest.UsageError(f"{item.nodeid}: @world_size takes one positive int, got {marker.args!r}")
-    return marker.args[0]
-
-
-def required_min_ranks(item: pytest.Item) -> int | None:
-    marker = item.get_closest_marker("min_ranks")
-    if marker is None:
-        return None
-    if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1:
-        raise pytest.UsageError(f"{item.nodeid}: @min_ranks takes one positive int, got {marker.args!r}")
-    return marker.args[0]
 
 
 @pytest.hookimpl(trylast=True)

@@ -38,6 +38,9 @@ def test_run_end_to_end_from_a_temporary_directory(tmp_path):
     assert "total" in table
     assert (tmp_path / "junit.xml").read_text().startswith("<?xml")
     assert not (tmp_path / ".pytest_cache").exists()
+    # The command does not import the plugin before pytest loads it (pytest would warn that it cannot
+    # rewrite the plugin's assertions, in every run's summary).
+    assert "PytestAssertRewriteWarning" not in result.stdout + result.stderr
 
 
 def test_run_exits_non_zero_when_a_known_failure_is_not_declared(tmp_path):
