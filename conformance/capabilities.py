@@ -82,6 +82,12 @@ class _LazyProbes(Mapping):
         """The capabilities probed so far, in the canonical order."""
         return [c for c in _capabilities() if c in self._done]
 
+    def adopt(self, probe: Probe) -> None:
+        """Take a probe run by another process of this run (a pytest-xdist worker) as if run here; one
+        run here already stands."""
+        if probe.capability in _PROBES:
+            self._done.setdefault(probe.capability, probe)
+
 
 @dataclass
 class CapabilityReport:
@@ -111,6 +117,19 @@ class CapabilityReport:
     def probed(self) -> list[str]:
         """The capabilities probed so far, in the canonical order (all of them for probes given whole)."""
         return getattr(self.probes, "probed", list(_capabilities()))
+
+    def adopt(self, probes) -> None:
+        """Take probes run by other processes of this run (pytest-xdist workers: the controller collects
+        nothing, so its report and summary would otherwise lack what only the workers' tests needed)."""
+        if hasattr(self.probes, "adopt"):
+            for probe in probes:
+                self.probes.adopt(probe)
+
+    def summary(self) -> str:
+        """``name=yes|no|?`` for every capability (usable here, or not; ``?``: not probed)."""
+        probed = set(self.probed)
+        return " ".join(f"{name}={('yes' if self.usable(name)[0] else 'no') if name in probed else '?'}"
+                        for name in _capabilities())
 
     def mismatches(self, probed_only: bool = False) -> list[str]:
         """One line per capability whose declaration and probe disagree (``probed_only``: among those

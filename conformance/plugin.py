@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.capabilities import Probe
 from conformance.descriptors import CAPABILITIES, DescriptorError
 from conformance.items import (SUITES_DIR, required_capabilities, required_min_ranks, required_world_size,
                                suite_name, test_id_of)
@@ -335,6 +336,7 @@ class ConformanceRun:
         self.world_sizes: dict[str, int] = {}  # tests that ran on ranks: the ranks of their pool
         self.durations: defaultdict[str, float] = defaultdict(float)
         self.worker_events: list[str] = []
+        self.worker_probes: list[Probe] = []  # the capabilities pytest-xdist workers probed
         self.running: tuple[str, str] | None = None  # (nodeid, suite) of the test in progress
 
     def pytest_runtest_logstart(self, nodeid: str, location) -> None:
@@ -379,20 +381,26 @@ class ConformanceRun:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
-        events = getattr(node, "workeroutput", {}).get("conformance_events", [])
+        output = getattr(node, "workeroutput", {})
         worker = getattr(node, "gateway", None)
-        self.worker_events.extend(f"{getattr(worker, 'id', 'worker')}: {e}" for e in events)
+        self.worker_events.extend(f"{getattr(worker, 'id', 'worker')}: {e}" for e in output.get("conformance_events", []))
+        self.worker_probes.extend(Probe(*probe) for probe in output.get("conformance_probes", []))
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         session = config.stash.get(SESSION_KEY, None)
-        events = (session.events if session else []) + self.worker_events
-        mismatches = session.capabilities.mismatches(probed_only=True) if session else []
-        if events or mismatches:
-            terminalreporter.section("conformance")
-            for line in mismatches:
-                terminalreporter.write_line(f"declared/probed mismatch: {line}")
-            for event, count in Counter(events).items():
-                terminalreporter.write_line(event if count == 1 else f"{event} ({count} times)")
+        if session is None:
+            return
+        session.capabilities.adopt(self.worker_probes)
+        events = session.events + self.worker_events
+        terminalreporter.section("conformance")
+        # The header may have been printed before collection, when no test had needed the costly probes.
+        terminalreporter.write_line(f"capabilities: {session.capabilities.summary()}"
+                                    + (" (?: not needed by the selected tests, not probed)"
+                                       if len(session.capabilities.probed) < len(CAPABILITIES) else ""))
+        for line in session.capabilities.mismatches(probed_only=True):
+            terminalreporter.write_line(f"declared/probed mismatch: {line}")
+        for event, count in Counter(events).items():
+            terminalreporter.write_line(event if count == 1 else f"{event} ({count} times)")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -402,6 +410,9 @@ class ConformanceRun:
             state.close()
             if _is_xdist_worker(config):
                 config.workeroutput["conformance_events"] = state.events
+                probes = state.capabilities.probes
+                config.workeroutput["conformance_probes"] = [
+                    (name, probes[name].available, probes[name].reason) for name in state.capabilities.probed]
         path = config.getoption("conformance_report")
         if _is_xdist_worker(config):
             return
@@ -418,7 +429,9 @@ class ConformanceRun:
                 session.exitstatus = state.end_launcher_run(int(exitstatus))
                 return
         if path:
-            report = _session(config).build_report(results, extra_events=self.worker_events)
+            state = _session(config)
+            state.capabilities.adopt(self.worker_probes)
+            report = state.build_report(results, extra_events=self.worker_events)
             write_report(report, path)  # atomic: a cancelled run leaves no half-written report
         if launcher:
             failed = any(r.outcome in ("failed", "error") for r in results)

@@ -261,11 +261,11 @@ class ConformanceSession:
             # from rank 0 alone, a collective the others never join (they probe as they collect).
             if self.launcher is None or name not in RANK_SIDE_PROBES:
                 self.capabilities.probes[name]
-        probed = set(self.capabilities.probed)
-        shown = [f"{name}={('yes' if self.capabilities.usable(name)[0] else 'no') if name in probed else '?'}"
-                 for name in CAPABILITIES]
-        lines.append("conformance: capabilities: " + " ".join(shown)
-                     + (" (?: not needed by the selected tests, not probed)" if len(probed) < len(CAPABILITIES) else ""))
+        # Printed before collection when the run is clearly a conformance run: a ``?`` may be probed later,
+        # when a selected test needs it (the run's summary and its report say what it found).
+        lines.append("conformance: capabilities: " + self.capabilities.summary()
+                     + (" (?: probed only if a selected test needs it)"
+                        if len(self.capabilities.probed) < len(CAPABILITIES) else ""))
         for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
         bounded = [kf for kf in d.known_failures if kf.torch is not None]

@@ -38,6 +38,10 @@ def test_run_end_to_end_from_a_temporary_directory(tmp_path):
     assert "total" in table
     assert (tmp_path / "junit.xml").read_text().startswith("<?xml")
     assert not (tmp_path / ".pytest_cache").exists()
+    # The header comes before collection, the closing summary after the run: only it knows what was not needed.
+    assert "(?: probed only if a selected test needs it)" in result.stdout
+    assert "capabilities: collectives=yes dtensor=? compile=? " in result.stdout
+    assert "(?: not needed by the selected tests, not probed)" in result.stdout
     # The command does not import the plugin before pytest loads it (pytest would warn that it cannot
     # rewrite the plugin's assertions, in every run's summary).
     assert "PytestAssertRewriteWarning" not in result.stdout + result.stderr

@@ -303,10 +303,21 @@ def test_xdist_workers_have_their_own_pools_and_one_report(pytester):
     '''
     for n in range(4):
         pytester.makepyfile(**{f"test_x{n}": textwrap.dedent(body.format(n=n))})
+    pytester.makepyfile(test_needs_dtensor='''
+        from conformance import requires
+        @requires("dtensor")
+        def test_dtensor(ranks):
+            pass
+    ''')
     result = pytester.runpytest_subprocess("-n", "2", "--conformance-report", "r.json", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     report = validate_report(json.loads((pytester.path / "r.json").read_text()))
-    assert report.summary.passed == 4 and len(report.tests) == 4
+    assert report.summary.passed == 5 and len(report.tests) == 5
+    # Only a worker collected the test that needs DTensor, so only a worker probed it: the controller's
+    # report and its closing summary still say what it found.
+    assert report.backend.capabilities["dtensor"].probed is True
+    assert "compile" not in report.backend.capabilities  # no selected test needed it
+    result.stdout.fnmatch_lines(["capabilities: collectives=yes dtensor=yes compile=? *"])
 
 
 def test_no_orphans_after_a_session_with_failures(pytester, monkeypatch):
