@@ -392,6 +392,7 @@ class ConformanceRun:
             return
         session.capabilities.adopt(self.worker_probes)
         events = session.events + self.worker_events
+        terminalreporter.ensure_newline()  # ends the progress line here, not with a blank line in the section
         terminalreporter.section("conformance")
         # The header may have been printed before collection, when no test had needed the costly probes.
         terminalreporter.write_line(f"capabilities: {session.capabilities.summary()}"
