@@ -383,23 +383,26 @@ class ConformanceRun:
     def pytest_testnodedown(self, node, error) -> None:
         output = getattr(node, "workeroutput", {})
         worker = getattr(node, "gateway", None)
-        self.worker_events.extend(f"{getattr(worker, 'id', 'worker')}: {e}" for e in output.get("conformance_events", []))
+        self.worker_events.extend(f"{getattr(worker, 'id', 'worker')}: {event}"
+                                  for event in output.get("conformance_events", []))
         self.worker_probes.extend(Probe(*probe) for probe in output.get("conformance_probes", []))
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         session = config.stash.get(SESSION_KEY, None)
-        if session is None:
+        # Under pytest-xdist a controller that printed no header has no session: its workers' events still show.
+        events = (session.events if session else []) + self.worker_events
+        if session is None and not events:
             return
-        session.capabilities.adopt(self.worker_probes)
-        events = session.events + self.worker_events
         terminalreporter.ensure_newline()  # ends the progress line here, not with a blank line in the section
         terminalreporter.section("conformance")
-        # The header may have been printed before collection, when no test had needed the costly probes.
-        terminalreporter.write_line(f"capabilities: {session.capabilities.summary()}"
-                                    + (" (?: not needed by the selected tests, not probed)"
-                                       if len(session.capabilities.probed) < len(CAPABILITIES) else ""))
-        for line in session.capabilities.mismatches(probed_only=True):
-            terminalreporter.write_line(f"declared/probed mismatch: {line}")
+        if session is not None:
+            session.capabilities.adopt(self.worker_probes)
+            # The header may have been printed before collection, when no test had needed the costly probes.
+            terminalreporter.write_line(f"capabilities: {session.capabilities.summary()}"
+                                        + (" (?: not needed by the selected tests, not probed)"
+                                           if len(session.capabilities.probed) < len(CAPABILITIES) else ""))
+            for line in session.capabilities.mismatches(probed_only=True):
+                terminalreporter.write_line(f"declared/probed mismatch: {line}")
         for event, count in Counter(events).items():
             terminalreporter.write_line(event if count == 1 else f"{event} ({count} times)")
 

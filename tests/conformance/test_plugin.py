@@ -320,6 +320,21 @@ def test_xdist_workers_have_their_own_pools_and_one_report(pytester):
     result.stdout.fnmatch_lines(["capabilities: collectives=yes dtensor=yes compile=? *"])
 
 
+def test_xdist_workers_events_reach_a_controller_that_printed_no_header(pytester):
+    """A plain ``pytest -n 2`` (no --backend, no report): the controller collects nothing and holds no
+    session, and what happened on its workers' ranks is still in its closing summary."""
+    pytester.makepyfile(test_raises="""
+        def boom(ctx):
+            raise ValueError("boom")
+
+        def test_raises(ranks):
+            ranks.run(boom)
+    """)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*= conformance =*", "gw?: 2 ranks: process group replaced after boom raised"])
+
+
 def test_no_orphans_after_a_session_with_failures(pytester, monkeypatch):
     tag = uuid.uuid4().hex
     monkeypatch.setenv("CONFORMANCE_TEST_TAG", tag)
