@@ -125,11 +125,13 @@ class CapabilityReport:
             for probe in probes:
                 self.probes.adopt(probe)
 
-    def summary(self) -> str:
-        """``name=yes|no|?`` for every capability (usable here, or not; ``?``: not probed)."""
+    def summary(self, unprobed: str) -> str:
+        """``name=yes|no|?`` for every capability (usable here, or not; ``?``: not probed), followed by
+        ``(?: unprobed)`` when any is not probed."""
         probed = set(self.probed)
-        return " ".join(f"{name}={('yes' if self.usable(name)[0] else 'no') if name in probed else '?'}"
-                        for name in _capabilities())
+        shown = " ".join(f"{name}={('yes' if self.usable(name)[0] else 'no') if name in probed else '?'}"
+                         for name in _capabilities())
+        return shown + (f" (?: {unprobed})" if len(probed) < len(_capabilities()) else "")
 
     def mismatches(self, probed_only: bool = False) -> list[str]:
         """One line per capability whose declaration and probe disagree (``probed_only``: among those

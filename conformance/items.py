@@ -43,18 +43,19 @@ def required_capabilities(item: pytest.Item) -> list[str]:
 
 
 def required_world_size(item: pytest.Item) -> int | None:
-    marker = item.get_closest_marker("world_size")
-    if marker is None:
-        return None
-    if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1:
-        raise pytest.UsageError(f"{item.nodeid}: @world_size takes one positive int, got {marker.args!r}")
-    return marker.args[0]
+    """The ranks of the pool the test needs exactly (``@world_size(n)``), or None."""
+    return _positive_int_marker(item, "world_size")
 
 
 def required_min_ranks(item: pytest.Item) -> int | None:
-    marker = item.get_closest_marker("min_ranks")
+    """The fewest ranks the test runs with (``@min_ranks(n)``), or None."""
+    return _positive_int_marker(item, "min_ranks")
+
+
+def _positive_int_marker(item: pytest.Item, name: str) -> int | None:
+    marker = item.get_closest_marker(name)
     if marker is None:
         return None
     if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1:
-        raise pytest.UsageError(f"{item.nodeid}: @min_ranks takes one positive int, got {marker.args!r}")
+        raise pytest.UsageError(f"{item.nodeid}: @{name} takes one positive int, got {marker.args!r}")
     return marker.args[0]

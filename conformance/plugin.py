@@ -8,6 +8,7 @@ a conformance test: one that uses ``ranks``, carries ``requires``/``world_size``
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import shutil
@@ -398,9 +399,8 @@ class ConformanceRun:
         if session is not None:
             session.capabilities.adopt(self.worker_probes)
             # The header may have been printed before collection, when no test had needed the costly probes.
-            terminalreporter.write_line(f"capabilities: {session.capabilities.summary()}"
-                                        + (" (?: not needed by the selected tests, not probed)"
-                                           if len(session.capabilities.probed) < len(CAPABILITIES) else ""))
+            terminalreporter.write_line(
+                "capabilities: " + session.capabilities.summary("not needed by the selected tests, not probed"))
             for line in session.capabilities.mismatches(probed_only=True):
                 terminalreporter.write_line(f"declared/probed mismatch: {line}")
         for event, count in Counter(events).items():
@@ -414,9 +414,8 @@ class ConformanceRun:
             state.close()
             if _is_xdist_worker(config):
                 config.workeroutput["conformance_events"] = state.events
-                probes = state.capabilities.probes
-                config.workeroutput["conformance_probes"] = [
-                    (name, probes[name].available, probes[name].reason) for name in state.capabilities.probed]
+                config.workeroutput["conformance_probes"] = [  # as tuples: what execnet carries
+                    dataclasses.astuple(state.capabilities.probes[name]) for name in state.capabilities.probed]
         path = config.getoption("conformance_report")
         if _is_xdist_worker(config):
             return

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from conformance.capabilities import CapabilityReport, probe_capabilities
-from conformance.descriptors import CAPABILITIES, BackendDescriptor, DescriptorError, load_descriptors
+from conformance.descriptors import BackendDescriptor, DescriptorError, load_descriptors
 from conformance.detect import absent_accelerator_note, resolve_backend
 from conformance.report import (BackendInfo, CapabilityStatus, ConformanceReport, HostInfo, RankOutcome,
                                 TestResult, TorchInfo, summarize)
@@ -263,9 +263,8 @@ class ConformanceSession:
                 self.capabilities.probes[name]
         # Printed before collection when the run is clearly a conformance run: a ``?`` may be probed later,
         # when a selected test needs it (the run's summary and its report say what it found).
-        lines.append("conformance: capabilities: " + self.capabilities.summary()
-                     + (" (?: probed only if a selected test needs it)"
-                        if len(self.capabilities.probed) < len(CAPABILITIES) else ""))
+        lines.append("conformance: capabilities: "
+                     + self.capabilities.summary("probed only if a selected test needs it"))
         for line in self.capabilities.mismatches(probed_only=True):
             lines.append(f"conformance: DECLARED/PROBED MISMATCH in {d.name}.yaml: {line}")
         bounded = [kf for kf in d.known_failures if kf.torch is not None]
