@@ -5,7 +5,9 @@
 Runs the test command (default ``python -m pytest -n 3 --dist loadfile``, the README's) once with a
 JUnit file, then prints the wall time, the summed time of every test (setup, call and teardown), how
 busy the xdist workers were (summed time / (wall x workers), against a perfectly packed run: 100 %),
-the total per test folder (``--depth`` path parts) and the slowest tests. Repeatable: run it on a quiet
+the total per test folder (``--depth`` path parts) and the slowest tests, each in wall seconds and in CPU
+seconds with the test's processes (bench/cpu_per_test.py: on two cores the CPU is what runs out, so a test
+waiting on a time-out is long but cheap). Repeatable: run it on a quiet
 machine, from a fresh clone, and compare its lines before and after a change. ``--write-costs`` also
 writes each test file's summed seconds to a JSON file: ``tests/file_costs.json`` is the table the test
 run's order comes from (tests/conftest.py: the costliest files start first, so no worker is left with a
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -51,6 +54,10 @@ def test_path(case: ET.Element) -> str:
     return classname
 
 
+def folder_of(path: str, depth: int) -> str:
+    return "/".join(Path(path).parts[:depth])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=30, help="slowest tests to list (default 30)")
@@ -61,16 +68,26 @@ def main() -> int:
     args = parser.parse_args()
     pytest_args = [a for a in args.pytest_args if a != "--"] or DEFAULT_COMMAND
     with tempfile.TemporaryDirectory() as tmp:
-        junit = Path(tmp) / "junit.xml"
+        junit, cpu_dir = Path(tmp) / "junit.xml", Path(tmp) / "cpu"
+        cpu_dir.mkdir()
         command = [sys.executable, "-m", "pytest", *pytest_args, "-q", f"--junitxml={junit}",
-                   "-o", "junit_duration_report=total", "-o", "junit_family=xunit1"]
-        start = time.perf_counter()
-        result = subprocess.run(command, cwd=ROOT)
-        wall = time.perf_counter() - start
+                   "-o", "junit_duration_report=total", "-o", "junit_family=xunit1", "-p", "cpu_per_test"]
+        env = {**os.environ, "PROJECT_TEST_CPU_DIR": str(cpu_dir),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
+        start, cpu_start = time.perf_counter(), os.times()
+        result = subprocess.run(command, cwd=ROOT, env=env)
+        wall, cpu_end = time.perf_counter() - start, os.times()
         if not junit.is_file():
             print(f"pytest wrote no JUnit file (exit {result.returncode})", file=sys.stderr)
             return 2
         cases = list(ET.parse(junit).getroot().iter("testcase"))
+        cpu_of_test: dict[str, float] = {}
+        cpu_outside_tests = 0.0
+        for worker_file in cpu_dir.glob("*.json"):
+            worker = json.loads(worker_file.read_text())
+            cpu_of_test.update(worker["tests"])
+            cpu_outside_tests += worker["outside_tests"] + worker["at_start"]
+    run_cpu = (cpu_end.children_user - cpu_start.children_user) + (cpu_end.children_system - cpu_start.children_system)
 
     outcomes: collections.Counter[str] = collections.Counter()
     per_folder: collections.Counter[str] = collections.Counter()
@@ -81,9 +98,15 @@ def main() -> int:
         path = test_path(case)
         children = {child.tag for child in case}
         outcomes["skipped" if "skipped" in children else "failed" if children & {"failure", "error"} else "passed"] += 1
-        per_folder["/".join(Path(path).parts[: args.depth])] += seconds
+        per_folder[folder_of(path, args.depth)] += seconds
         per_file[path] += seconds
         timed.append((seconds, f"{path}::{case.get('name')}"))
+    cpu_per_folder: collections.Counter[str] = collections.Counter()
+    cpu_per_file: collections.Counter[str] = collections.Counter()
+    for nodeid, seconds in cpu_of_test.items():
+        path = nodeid.split("::", 1)[0]
+        cpu_per_folder[folder_of(path, args.depth)] += seconds
+        cpu_per_file[path] += seconds
     total = sum(seconds for seconds, _ in timed)
     workers = workers_of(pytest_args)
 
@@ -92,19 +115,26 @@ def main() -> int:
           f"summed test time {total:.1f} s")
     print(f"worker use: {total / wall:.2f} of {workers} workers busy on average ({total / (wall * workers):.0%}; "
           "100 % is a perfectly packed run, the rest is start-up, collection and idle tails)")
-    print(f"\nper folder (depth {args.depth}):")
+    print(f"CPU: {run_cpu:.1f} s in all ({run_cpu / wall:.2f} cores busy on average): "
+          f"{sum(cpu_of_test.values()):.1f} s in tests, {cpu_outside_tests:.1f} s in the workers outside them "
+          "(start-up, collection, session fixtures' ends); the rest is the xdist controller and "
+          "servers outside the run (PostgreSQL)")
+    print(f"\nper folder (depth {args.depth}): wall, CPU")
     for folder, seconds in per_folder.most_common():
-        print(f"  {seconds:8.1f} s  {folder}")
-    print("\nslowest files:")
-    for path, seconds in per_file.most_common(10):
-        print(f"  {seconds:8.1f} s  {path}")
+        print(f"  {seconds:8.1f} s {cpu_per_folder[folder]:8.1f} s  {folder}")
+    print("\ncostliest files: wall, CPU (by CPU)")
+    for path, cpu in cpu_per_file.most_common(20):
+        print(f"  {per_file[path]:8.1f} s {cpu:8.1f} s  {path}")
     if args.write_costs is not None:
         costs = {path: round(seconds, 1) for path, seconds in sorted(per_file.items())}
         args.write_costs.write_text(json.dumps(costs, indent=1) + "\n")
         print(f"\nwrote the cost of {len(costs)} files to {args.write_costs}")
-    print(f"\nslowest {args.top} tests:")
+    print(f"\nslowest {args.top} tests (wall):")
     for seconds, name in sorted(timed, reverse=True)[: args.top]:
         print(f"  {seconds:8.1f} s  {name}")
+    print(f"\ncostliest {args.top} tests (CPU):")
+    for name, cpu in sorted(cpu_of_test.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"  {cpu:8.1f} s  {name}")
     return result.returncode
 
 
