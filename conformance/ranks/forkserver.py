@@ -9,6 +9,14 @@ count and log as a fresh one would have them, and runs ``worker.run``.
 Only for CPU ranks (``process.start_method``): an accelerator's runtime must never be inherited across a
 fork, and an out-of-tree device's extension may start it as torch imports it.
 
+Where the controller is fit to be copied (``fork_here``: Linux, torch imported, no thread but its main one, no
+accelerator runtime started), the server is a fork of the controller instead, which saves the server's own
+import of torch (about 2 s of CPU per run, and per launcher process under torchrun). That server first makes
+itself what a fresh one would be: it forgets the modules the run imported (test modules, conftests, the suites;
+each rank imports them afresh from disk, without pytest's assertion rewriting), and restores standard streams,
+signal handlers, warnings and the root logger's handlers; the descriptors' setup modules are never imported in
+the controller. Otherwise (an xdist worker, whose channel to its controller is a thread) it starts fresh.
+
 The server imports nothing of the controller and never touches a device. It dies with its controller
 (``PR_SET_PDEATHSIG``), and its ranks die with it. Each rank's exit status comes back through a pipe
 of its own, which the server writes when it reaps the rank: the controller reads it as it would a
@@ -22,7 +30,9 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import json
+import logging
 import os
 import pickle
 import select
@@ -31,8 +41,11 @@ import socket
 import struct
 import subprocess
 import sys
+import sysconfig
 import threading
+import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 # Not ``-m``: the package imports this module first, and runpy would then run a second copy of it.
@@ -68,8 +81,41 @@ class ForkedRank:
         os.close(self._status_fd)
 
 
+class ForkedServer:
+    """A server forked from the controller: the parts of ``subprocess.Popen`` the controller uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: gone all the same
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank fork server {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class ForkServer:
-    """The controller's end: starts the server on first use and asks it for ranks."""
+    """The controller's end: starts the server (``fork_here``, or fresh on first use) and asks it for ranks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -97,6 +143,36 @@ class ForkServer:
             raise RuntimeError(f"the rank fork server exited (exit code {self._server.wait(timeout=10)}); its "
                                "output went to the controller's stderr")
         return ForkedRank(_STATUS.unpack(reply)[0], status_r)
+
+    def fork_here(self) -> bool:
+        """Start the server now as a fork of this process, if it is fit to be copied (``unfit_to_fork``);
+        True when it did. Otherwise, or once that server is gone, a fresh one starts on first use."""
+        with self._lock:
+            if self._server is not None and self._server.poll() is None:
+                return False
+            if unfit_to_fork() is not None:
+                return False
+            self.close()
+            mine, theirs = socket.socketpair()
+            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                try:
+                    stream.flush()  # or the server would write what is buffered here a second time
+                except (AttributeError, OSError, ValueError):
+                    pass
+            pid = os.fork()
+            if pid == 0:  # the server: never returns into the controller's code
+                code = 1
+                try:
+                    mine.close()
+                    _as_fresh_server(theirs.fileno())
+                    code = main([str(theirs.fileno())])
+                except BaseException:  # noqa: BLE001 - the server's output goes to the controller's stderr
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            theirs.close()
+            self._server, self._sock = ForkedServer(pid), mine
+            return True
 
     def _running(self, env: dict[str, str]) -> socket.socket:
         if self._server is not None and self._server.poll() is None:
@@ -132,6 +208,84 @@ atexit.register(_SERVER.close)  # so no server outlives the controller's exit, e
 def fork_rank(config: dict, channel_fd: int, log_path: str, env: dict[str, str]) -> ForkedRank:
     """A rank forked by this process's server (see ``ForkServer.fork_rank``)."""
     return _SERVER.fork_rank(config, channel_fd, log_path, env)
+
+
+def fork_here() -> bool:
+    """Make this process's server a fork of this process, now (see ``ForkServer.fork_here``)."""
+    return _SERVER.fork_here()
+
+
+def unfit_to_fork() -> str | None:
+    """Why this process must not be copied into a rank server, or None when it may: what a fork keeps of
+    a thread is its memory, locks held included, and an accelerator's runtime never survives a fork."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if "torch" not in sys.modules:
+        return "torch is not imported here (a fresh server imports it as cheaply)"
+    # Every thread that runs Python, ``threading``'s or not (pytest-xdist's channel to its controller is
+    # started with ``_thread``). The threads of native libraries are not counted: the server inherits
+    # OpenBLAS's (numpy's, started as torch imports it) either way, and OpenBLAS stops them at a fork.
+    python_threads = len(sys._current_frames())
+    if python_threads != 1 or threading.current_thread() is not threading.main_thread():
+        return f"{python_threads} Python threads run here"
+    torch = sys.modules["torch"]
+    for name in ("cuda", "xpu", "mtia"):
+        module = getattr(torch, name, None)
+        is_initialized = getattr(module, "is_initialized", None)
+        if is_initialized is not None and is_initialized():
+            return f"torch.{name} is initialized here"
+    return None
+
+
+# What a server forked from its controller forgets (``_forget_the_runs_modules``) stays referenced here, so
+# nothing of it is finalized in the server (a finalizer could close a file descriptor a rank has reused).
+_FORGOTTEN: list[Any] = []
+
+
+def _as_fresh_server(sock_fd: int) -> None:
+    """In a server just forked from its controller: what a fresh ``python -c`` server would have."""
+    # File descriptors: only the standard ones and the socket, as ``subprocess.Popen`` gives a fresh server.
+    # The others are pointed at /dev/null rather than closed: the objects that own them stay, and must not
+    # close a number a rank reuses.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in (sock_fd, devnull):
+            try:
+                os.dup2(devnull, fd)
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+    sys.stdin = sys.__stdin__
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # the run may have put its capture there
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import faulthandler
+
+    faulthandler.disable()  # each rank enables its own, writing to its log
+    importlib.reload(sys.modules["warnings"])  # the interpreter's filters, not a capture the run had open
+    logging.root.handlers = [h for h in logging.root.handlers if not type(h).__module__.startswith("_pytest")]
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not type(finder).__module__.startswith("_pytest")]
+    _forget_the_runs_modules()
+
+
+def _forget_the_runs_modules() -> None:
+    """Drop from ``sys.modules`` what the run imported that a fresh server would not have: every module
+    from outside the standard library, site-packages and this package, and the suites (test modules,
+    imported here under pytest's assertion rewriting). A rank imports them afresh, as it would."""
+    package = Path(__file__).resolve().parents[1]
+    suites = package / "suites"
+    paths = sysconfig.get_paths()
+    kept = {Path(paths[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    kept |= {Path(p).resolve() for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages")}
+    kept.add(package)
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if name == "__main__" or not file:
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(suites) or not any(path.is_relative_to(root) for root in kept):
+            _FORGOTTEN.append(sys.modules.pop(name))
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:

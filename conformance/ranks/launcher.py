@@ -107,8 +107,8 @@ class LauncherPool(RankPool):
     """A ``RankPool`` whose world is the launcher's: this process controls rank ``world.rank`` only."""
 
     def __init__(self, *, world: LauncherWorld, shared_root: str | None = None, **kwargs):
-        # Started as any pool's ranks are (``default_start_method``): one rank per launcher process,
-        # so a CPU fork server saves no import of torch on the first start, but one on every respawn.
+        # Started as any pool's ranks are (``default_start_method``): on CPU forked from a server that is a
+        # copy of this launcher process (``forkserver.fork_here``), so no start imports torch again.
         super().__init__(world_size=world.world_size, **kwargs)
         self.world = world
         self.prefix = f"conformance/{world.run_key}/"

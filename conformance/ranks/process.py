@@ -10,6 +10,7 @@ by the controller's server that has imported torch once (``FORKSERVER``, ``confo
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -25,6 +26,21 @@ FATAL_ERROR = "Fatal Python error:"  # faulthandler's first line when a signal k
 
 
 SPAWN, FORKSERVER = "spawn", "forkserver"
+_WORKER_RUN_FRAME = re.compile(r'\s+File "' + re.escape(str(Path(__file__).with_name("worker.py"))) + r'", line \d+ in run$')
+
+
+def _without_start_up(lines: list[str]) -> list[str]:
+    """A rank's log without what faulthandler adds below the test's own code: the frames under the
+    worker's ``run`` (how the rank was started: runpy's, or its server's and, for a server forked from its
+    controller, the controller's) and the list of loaded extension modules (the controller's too, then)."""
+    kept, in_start_up = [], False
+    for line in lines:
+        if in_start_up and line.startswith("  File "):
+            continue
+        in_start_up = bool(_WORKER_RUN_FRAME.match(line))
+        if not line.startswith("Extension modules: "):
+            kept.append(line)
+    return kept
 
 
 def default_start_method(device_type: str) -> str:
@@ -110,7 +126,7 @@ class RankProcess:
         return self.exit_description() + where + (f": {fatal}" if fatal else "")
 
     def output_tail(self, lines: int = 20) -> str:
-        return "\n".join(self._log_lines()[-lines:])
+        return "\n".join(_without_start_up(self._log_lines())[-lines:])
 
     def last_output(self) -> str:
         """The tail of the log, headed for a crash report."""

@@ -210,15 +210,17 @@ def test_close_leaves_no_processes(method):
     assert not pool.workdir.exists()
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
-def test_ranks_die_with_a_killed_controller(tmp_path, method):
+@pytest.mark.parametrize("method, server", [("forkserver", "fresh"), ("forkserver", "forked here"),
+                                            ("spawn", None)])
+def test_ranks_die_with_a_killed_controller(tmp_path, method, server):
     """kill -9 of the controller (no cleanup code runs) still takes its ranks down (forked ranks: with the
-    fork server, which dies with the controller)."""
+    fork server, which dies with the controller, whether it started fresh or as a copy of the controller)."""
     script = textwrap.dedent(f"""
         import json, sys, time
         sys.path.insert(0, {os.getcwd()!r})
-        from conformance.ranks import RankPool
+        from conformance.ranks import RankPool, forkserver
         from tests.conformance import rank_functions as fns
+        {"import torch; assert forkserver.fork_here()" if server == "forked here" else ""}
         pool = RankPool(descriptor="cpu", device_type="cpu", backend="gloo", world_size=2, start_method={method!r})
         pool.run(fns.rank_and_sum, 0)
         print(json.dumps(pool.pids()), flush=True)

@@ -6,7 +6,9 @@ the worker's argv, its own thread count, its output in its log; and its death re
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -95,3 +97,110 @@ def test_an_unknown_start_method_is_refused_naming_the_known_ones():
     with _pool("thread") as pool:
         with pytest.raises(ValueError, match=r"unknown start method 'thread': expected 'spawn' or 'forkserver'"):
             pool.run(describe_rank)
+
+
+# A run whose controller is fit to be copied (a plain pytest process) forks its CPU ranks' server from itself
+# (forkserver.fork_here): the module below is imported by the controller at collection, under pytest's
+# assertion rewriting, with its warnings recorded and its output captured; each rank must see none of it.
+FORKED_HERE_TESTS = '''
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+IMPORTED_BY = os.getpid()
+
+
+def _command_line(pid):
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _parent_of(pid):
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def seen_by_rank(ctx):
+    server = os.getppid()
+    return {"imported_by_this_rank": IMPORTED_BY == os.getpid(),
+            "server_is_a_copy_of_the_controller": _command_line(server) == _command_line(_parent_of(server)),
+            "server_parent": _parent_of(server),
+            "assertions_rewritten": any(type(f).__module__.startswith("_pytest") for f in sys.meta_path),
+            "plain_streams": sys.stdout is sys.__stdout__ and sys.stderr is sys.__stderr__,
+            "warnings_shown": type(warnings._showwarnmsg_impl).__name__ == "function",
+            "pytest_log_handlers": [type(h).__name__ for h in logging.root.handlers],
+            "argv0": os.path.basename(sys.argv[0])}
+
+
+def fails_an_assert(ctx):
+    seen = ctx.rank + 1
+    assert seen == 5
+
+
+def test_what_a_rank_sees(ranks):
+    for seen in ranks.run(seen_by_rank):
+        assert seen == {"imported_by_this_rank": True, "server_is_a_copy_of_the_controller": True,
+                        "server_parent": os.getpid(), "assertions_rewritten": False, "plain_streams": True,
+                        "warnings_shown": True, "pytest_log_handlers": [], "argv0": "worker.py"}
+
+
+def test_an_assert_in_a_rank_reads_as_without_pytest(ranks):
+    ranks.run(fails_an_assert)
+
+
+def aborts_on_rank_1(ctx):
+    if ctx.rank == 1:
+        os.abort()
+    return ctx.rank
+
+
+def test_a_crash_shows_the_rank_functions_frames_not_the_controllers(ranks):
+    from conformance.ranks import RankCrashed
+
+    try:
+        ranks.run(aborts_on_rank_1)
+    except RankCrashed as crashed:
+        text = str(crashed)
+    assert "Fatal Python error: Aborted" in text and "in aborts_on_rank_1" in text, text
+    assert "pluggy" not in text and "_pytest" not in text and "Extension modules" not in text, text
+'''
+
+
+def test_a_server_forked_from_its_controller_gives_ranks_what_a_fresh_one_would(pytester):
+    pytester.makepyfile(test_forked_here=FORKED_HERE_TESTS)
+    # With --backend the run's session (and its server) comes before collection: import the module first, as
+    # a run without it has by then.
+    pytester.makeconftest("import test_forked_here  # noqa: F401")
+    result = pytester.runpytest_subprocess("--backend", "cpu", "-p", "no:cacheprovider", "-W", "always")
+    result.assert_outcomes(passed=2, failed=1)
+    output = result.stdout.str()
+    assert "AssertionError" in output and "in fails_an_assert" in output
+    assert "assert 1 == 5" not in output and "assert 2 == 5" not in output  # pytest rewrote it in the controller only
+
+
+def test_only_a_process_with_torch_and_no_other_thread_is_copied_into_a_server():
+    import _thread
+    import threading
+
+    import torch  # noqa: F401 - imported: only the thread is in the way
+
+    from conformance.ranks.forkserver import unfit_to_fork
+
+    # A thread started as pytest-xdist starts its channel's: with ``_thread``, unknown to ``threading``.
+    running, stop, stopped = threading.Event(), threading.Event(), threading.Event()
+
+    def channel():
+        running.set()
+        stop.wait()
+        stopped.set()
+
+    _thread.start_new_thread(channel, ())
+    running.wait()
+    try:
+        assert re.fullmatch(r"\d+ Python threads run here", unfit_to_fork() or "")
+    finally:
+        stop.set()
+        stopped.wait()
+    fresh = subprocess.run([sys.executable, "-c", "from conformance.ranks.forkserver import unfit_to_fork; "
+                            "print(unfit_to_fork())"], capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == "torch is not imported here (a fresh server imports it as cheaply)"
