@@ -45,6 +45,7 @@ import sysconfig
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,10 @@ class ForkServer:
                     stream.flush()  # or the server would write what is buffered here a second time
                 except (AttributeError, OSError, ValueError):
                     pass
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of any other thread; those left here are native libraries' (unfit_to_fork).
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:  # the server: never returns into the controller's code
                 code = 1
                 try:
@@ -263,7 +267,7 @@ def _as_fresh_server(sock_fd: int) -> None:
     import faulthandler
 
     faulthandler.disable()  # each rank enables its own, writing to its log
-    importlib.reload(sys.modules["warnings"])  # the interpreter's filters, not a capture the run had open
+    importlib.reload(warnings)  # the interpreter's filters, not a capture the run had open
     logging.root.handlers = [h for h in logging.root.handlers if not type(h).__module__.startswith("_pytest")]
     sys.meta_path[:] = [finder for finder in sys.meta_path if not type(finder).__module__.startswith("_pytest")]
     _forget_the_runs_modules()

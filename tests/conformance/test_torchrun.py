@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 import uuid
 from pathlib import Path
 
