@@ -9,8 +9,8 @@ count and log as a fresh one would have them, and runs ``worker.run``.
 Only for CPU ranks (``process.start_method``): an accelerator's runtime must never be inherited across a
 fork, and an out-of-tree device's extension may start it as torch imports it.
 
-Where the controller is fit to be copied (``fork_here``: Linux, torch imported, no thread but its main one, no
-accelerator runtime started), the server is a fork of the controller instead, which saves the server's own
+Where the controller is fit to be copied (``fork_here``: Linux, torch imported, no other thread running Python,
+no accelerator runtime started), the server is a fork of the controller instead, which saves the server's own
 import of torch (about 2 s of CPU per run, and per launcher process under torchrun). That server first makes
 itself what a fresh one would be: it forgets the modules the run imported (test modules, conftests, the suites;
 each rank imports them afresh from disk, without pytest's assertion rewriting), and restores standard streams,

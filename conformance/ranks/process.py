@@ -10,8 +10,8 @@ by the controller's server that has imported torch once (``FORKSERVER``, ``confo
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,7 +26,8 @@ FATAL_ERROR = "Fatal Python error:"  # faulthandler's first line when a signal k
 
 
 SPAWN, FORKSERVER = "spawn", "forkserver"
-_WORKER_RUN_FRAME = re.compile(r'\s+File "' + re.escape(str(Path(__file__).with_name("worker.py"))) + r'", line \d+ in run$')
+_WORKER_PATH = re.escape(str(Path(__file__).with_name("worker.py")))
+_WORKER_RUN_FRAME = re.compile(rf'\s+File "{_WORKER_PATH}", line \d+ in run$')
 
 
 def _without_start_up(lines: list[str]) -> list[str]:
