@@ -93,8 +93,13 @@ def test_a_refused_token_pauses_its_credential_instead_of_failing_the_queue(rela
     for index in range(3):
         assert relay.post("push", push_payload(after=f"{index}" * 40)).status_code == 202
     wait(lambda: any(r.answered == 401 for r in relay.fake.requests), what="the 401")
-    health = loopback_client().get(f"{relay.url}/readyz", timeout=10)
-    assert health.status_code == 503 and health.json()["status"] == "credential_paused", health.text
+
+    def readyz_if_paused():  # the fake has answered; the relay pauses once its client has read that answer
+        health = loopback_client().get(f"{relay.url}/readyz", timeout=10)
+        return health if health.status_code == 503 else None
+
+    health = wait(readyz_if_paused, what="/readyz to answer 503 for the paused credential")
+    assert health.json()["status"] == "credential_paused", health.text
     assert "credential token" in health.json()["detail"] and "Bad credentials" in health.json()["detail"]
     metrics = loopback_client().get(f"{relay.url}/metrics", timeout=10).text
     assert 'relay_credential_paused{credential="token"} 1.0' in metrics
