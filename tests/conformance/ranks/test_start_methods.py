@@ -1,7 +1,8 @@
 """The two ways ranks start (``process.default_start_method``): forked from the controller's server that has
 imported torch (the default on CPU) and fresh interpreters (the default on accelerators). A forked rank is
 the rank a fresh one would be: the pool's environment, the controller's working directory and import path,
-the worker's argv, its own thread count, its output in its log; and its death reads the same."""
+the worker's argv, its own thread count, its output in its log; and its death reads the same. The server is
+a fresh interpreter or, where the controller may be copied, a fork of it that first forgets the run."""
 
 from __future__ import annotations
 
@@ -100,8 +101,8 @@ def test_an_unknown_start_method_is_refused_naming_the_known_ones():
 
 
 # A run whose controller is fit to be copied (a plain pytest process) forks its CPU ranks' server from itself
-# (forkserver.fork_here): the module below is imported by the controller at collection, under pytest's
-# assertion rewriting, with its warnings recorded and its output captured; each rank must see none of it.
+# (forkserver.fork_here): the module below is imported by the controller before that, under pytest's
+# assertion rewriting, with pytest's capture and log handlers in place; each rank must see none of it.
 FORKED_HERE_TESTS = '''
 import logging
 import os
@@ -155,12 +156,13 @@ def aborts_on_rank_1(ctx):
 
 
 def test_a_crash_shows_the_rank_functions_frames_not_the_controllers(ranks):
+    import pytest
+
     from conformance.ranks import RankCrashed
 
-    try:
+    with pytest.raises(RankCrashed) as crashed:
         ranks.run(aborts_on_rank_1)
-    except RankCrashed as crashed:
-        text = str(crashed)
+    text = str(crashed.value)
     assert "Fatal Python error: Aborted" in text and "in aborts_on_rank_1" in text, text
     assert "pluggy" not in text and "_pytest" not in text and "Extension modules" not in text, text
 '''
