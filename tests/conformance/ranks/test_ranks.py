@@ -226,7 +226,9 @@ def test_ranks_die_with_a_killed_controller(tmp_path, method, server):
         print(json.dumps(pool.pids()), flush=True)
         time.sleep(600)
     """)
-    controller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # A controller killed with SIGKILL cleans nothing up: its pool's directory goes to this test's tmp_path.
+    controller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         pids = json.loads(controller.stdout.readline())
         assert all(_alive(p) for p in pids)
