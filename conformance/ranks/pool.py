@@ -49,14 +49,18 @@ class RemoteError:
 
 
 class RankError(AssertionError):
-    """One or more ranks failed a call; ``errors`` holds each failing rank's remote exception."""
+    """One or more ranks failed a call; ``errors`` holds each failing rank's remote exception, ``stacks``
+    the Python stacks of the ranks that did not answer (where each was stuck), by rank."""
 
-    def __init__(self, summary: str, errors: list[RemoteError] = ()):
+    def __init__(self, summary: str, errors: list[RemoteError] = (), stacks: dict[int, str] | None = None):
         self.summary = summary
         self.errors = list(errors)
+        self.stacks = dict(stacks or {})
         parts = [summary]
         for err in self.errors:
             parts.append(f"--- rank {err.rank}: {err.exc_type}: {err.message}\n{err.traceback.rstrip()}")
+        for rank, stack in sorted(self.stacks.items()):
+            parts.append(f"--- rank {rank} did not answer; its threads were at:\n{stack}")
         super().__init__("\n".join(parts))
 
     @property
@@ -215,10 +219,11 @@ class RankPool:
             raise RankCrashed(f"{self._label()}: the pool could not start: start-up failed on rank "
                               f"{_listed(e.rank for e in errors)}{waiting}", errors)
         if missing:
+            stacks = self._stacks_of(missing)
             self._teardown(f"start-up timed out after {self.startup_timeout:g} s")
             raise RankTimeout(
                 f"{self._label()}: start-up timed out after {self.startup_timeout:g} s; no answer from rank "
-                f"{_listed(missing)} (a slow setup module, or a process group that cannot form)")
+                f"{_listed(missing)} (a slow setup module, or a process group that cannot form)", stacks=stacks)
 
     def probed_on_ranks(self) -> dict[str, tuple[bool, str]]:
         """Rank 0's answers to the device-touching capability probes (starting the ranks if need be)."""
@@ -302,17 +307,19 @@ class RankPool:
             self._teardown(f"rank {gone[0]} died during {what}")
             raise RankCrashed(f"{self._label()}: rank {_listed(gone)} died during {what}", errors)
         if not errors:
+            stacks = self._stacks_of(missing)
             self._teardown(f"{what} timed out after {timeout:g} s")
             raise RankTimeout(
                 f"{self._label()}: {what} timed out after {timeout:g} s; no answer from rank "
-                f"{_listed(missing)} (hung, or waiting in a collective for a peer)")
+                f"{_listed(missing)} (hung, or waiting in a collective for a peer)", stacks=stacks)
         failing = _listed(e.rank for e in errors)
         if missing:
+            stacks = self._stacks_of(missing)
             self._teardown(f"rank {failing} raised and rank {_listed(missing)} did not finish")
             raise RankError(
                 f"{self._label()}: {what} raised on rank {failing}; rank {_listed(missing)} did not "
                 f"finish within {self.grace:g} s after that (likely blocked in a collective); the pool "
-                "was respawned", errors)
+                "was respawned", errors, stacks=stacks)
         self._reset_group(what)
         raise RankError(f"{self._label()}: {what} raised on rank {failing}", errors)
 
@@ -326,6 +333,12 @@ class RankPool:
             self.events.append(f"process group replaced after {what} raised")
         else:
             self._teardown(f"process group reset failed after {what} raised")
+
+    def _stacks_of(self, missing: list[int]) -> dict[int, str]:
+        """{rank: its Python stacks} of the ranks of this process that did not answer, read before they are
+        killed (a launcher's pool holds its own rank only)."""
+        found = {proc.rank: proc.stacks() for proc in self.ranks if proc.rank in missing}
+        return {rank: stack for rank, stack in found.items() if stack}
 
     def _as_remote_error(self, rank: int, reply: tuple) -> RemoteError:
         name, body = reply

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -132,6 +133,26 @@ class RankProcess:
     def last_output(self) -> str:
         """The tail of the log, headed for a crash report."""
         return f"last output of rank {self.rank}:\n{self.output_tail()}"
+
+    def stacks(self, wait: float = 3.0) -> str | None:
+        """Every thread's Python stack of this live rank, as it writes them on ``protocol.STACKS_SIGNAL``
+        (where a hung call is stuck); None when the rank is gone or wrote nothing within ``wait`` s."""
+        try:
+            start = self.log_path.stat().st_size
+            os.kill(self.pid, protocol.STACKS_SIGNAL)
+        except (OSError, ProcessLookupError):
+            return None
+        deadline, size = time.monotonic() + wait, start
+        while time.monotonic() < deadline:  # done once the log has grown and then stayed still a moment
+            time.sleep(0.05)
+            now = self.log_path.stat().st_size
+            if now > start and now == size:
+                break
+            size = now
+        with open(self.log_path, "rb") as log:
+            log.seek(start)
+            written = log.read().decode(errors="replace").splitlines()
+        return "\n".join(_without_start_up(written)).strip() or None
 
     def _log_lines(self) -> list[str]:
         try:

@@ -6,6 +6,8 @@ Rank -> controller: ``ready`` (process group up; with its device's name and prob
 config says ``describe``), ``result`` and ``error`` (a remote exception with its
 traceback), both carrying the number of the call they answer, ``group_ready`` (after a reset),
 ``init_failed`` (start-up failed, with the traceback).
+Out of band, controller -> rank: ``STACKS_SIGNAL`` makes a rank write every thread's Python stack to its
+log (faulthandler's handler, which runs even while the rank is blocked in C++), read when a call hangs.
 A rank whose socket closes is gone: the controller sees that as ``RANK_GONE``. A reply the controller
 cannot unpickle becomes an ``error`` of that rank (``UNREADABLE``); the stream stays in step because
 the whole message was read first.
@@ -15,11 +17,14 @@ from __future__ import annotations
 
 import enum
 import pickle
+import signal
 
 # controller -> rank
 CALL = "call"
 RESET_GROUP = "reset_group"
 SHUTDOWN = "shutdown"
+
+STACKS_SIGNAL = signal.SIGUSR1
 
 # rank -> controller
 READY = "ready"

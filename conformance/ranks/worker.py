@@ -217,6 +217,7 @@ def run(config: dict) -> int:
     the process's exit code."""
     die_with_parent()
     faulthandler.enable()  # a rank killed by a signal leaves its Python stack in its log (shown in RankCrashed)
+    faulthandler.register(protocol.STACKS_SIGNAL, all_threads=True)  # a hung rank's, on request (RankTimeout)
     conn = Connection(config["fd"])
     rank = Rank(conn, config)
     try:

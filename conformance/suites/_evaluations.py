@@ -79,7 +79,7 @@ def _evaluate(ranks, fn: Callable, args: tuple) -> _Outcome:
                     exc = type(exc)(f"{exc.summary} (not evaluated again: on {ranks.descriptor.name} a rank left "
                                     "waiting for a peer that raised is torn down by the watchdog, "
                                     "semantics.collective_timeout: aborts_process; run the group's tests one by "
-                                    "one with -k to find the case the ranks disagree on)", exc.errors)
+                                    "one with -k to find the case the ranks disagree on)", exc.errors, exc.stacks)
                 return _Outcome(None, exc, tuple(crashes))
         except AssertionError as exc:  # RankError: the whole evaluation failed; every case says so
             return _Outcome(None, exc, tuple(crashes))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,10 @@ def test_error_while_peer_waits_in_collective_respawns(pool):
         pool.run(fns.raise_before_collective)
     assert info.value.failed_ranks == [0]
     assert "rank 1 did not finish within 1 s after that (likely blocked in a collective)" in str(info.value)
+    # where rank 1 was stuck, read from it before it was killed: the collective, under the test's function
+    assert list(info.value.stacks) == [1]
+    assert re.search(r'rank_functions.py", line \d+ in raise_before_collective', info.value.stacks[1])
+    assert "--- rank 1 did not answer; its threads were at:" in str(info.value)
     assert _wait_gone(old) == []
     assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
     assert set(pool.pids()).isdisjoint(old)
@@ -96,6 +101,10 @@ def test_hang_times_out_names_ranks_and_recovers(pool):
         pool.run_with_timeout(2, fns.sleep_forever)
     assert time.monotonic() - started < 10
     assert "sleep_forever timed out after 2 s; no answer from rank 0, 1" in str(info.value)
+    assert sorted(info.value.stacks) == [0, 1]  # each hung rank's stacks, read before the pool was respawned
+    for rank, stack in info.value.stacks.items():
+        assert re.search(r'rank_functions.py", line \d+ in sleep_forever', stack), (rank, stack)
+        assert "forkserver.py" not in stack and "runpy" not in stack  # how the rank was started is left out
     assert _wait_gone(old) == []
     assert pool.run(fns.rank_and_sum, 0)[0][4] == 1
 
