@@ -334,10 +334,13 @@ class RankPool:
         else:
             self._teardown(f"process group reset failed after {what} raised")
 
-    def _stacks_of(self, missing: list[int]) -> dict[int, str]:
+    def _stacks_of(self, missing: list[int], wait: float = 3.0) -> dict[int, str]:
         """{rank: its Python stacks} of the ranks of this process that did not answer, read before they are
-        killed (a launcher's pool holds its own rank only)."""
-        found = {proc.rank: proc.stacks() for proc in self.ranks if proc.rank in missing}
+        killed (a launcher's pool holds its own rank only); every rank is asked at once, ``wait`` s at most."""
+        asked = [(proc, start) for proc in self.ranks if proc.rank in missing
+                 if (start := proc.ask_for_stacks()) is not None]
+        deadline = time.monotonic() + wait
+        found = {proc.rank: proc.stacks_since(start, deadline) for proc, start in asked}
         return {rank: stack for rank, stack in found.items() if stack}
 
     def _as_remote_error(self, rank: int, reply: tuple) -> RemoteError:

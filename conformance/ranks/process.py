@@ -134,19 +134,24 @@ class RankProcess:
         """The tail of the log, headed for a crash report."""
         return f"last output of rank {self.rank}:\n{self.output_tail()}"
 
-    def stacks(self, wait: float = 3.0) -> str | None:
-        """Every thread's Python stack of this live rank, as it writes them on ``protocol.STACKS_SIGNAL``
-        (where a hung call is stuck); None when the rank is gone or wrote nothing within ``wait`` s."""
+    def ask_for_stacks(self) -> int | None:
+        """Signal this live rank to write every thread's Python stack to its log (``protocol.STACKS_SIGNAL``);
+        the log's size before, to read them from with ``stacks_since``, or None when the rank is gone."""
         try:
             start = self.log_path.stat().st_size
             os.kill(self.pid, protocol.STACKS_SIGNAL)
         except (OSError, ProcessLookupError):
             return None
-        deadline, size = time.monotonic() + wait, start
-        while time.monotonic() < deadline:  # done once the log has grown and then stayed still a moment
+        return start
+
+    def stacks_since(self, start: int, deadline: float) -> str | None:
+        """What the rank wrote to its log after ``start`` once it stopped writing (where a hung call is
+        stuck), without the frames of how it was started; None if nothing came by ``deadline`` (monotonic)."""
+        size = start
+        while time.monotonic() < deadline:
             time.sleep(0.05)
             now = self.log_path.stat().st_size
-            if now > start and now == size:
+            if start < now == size:  # it has written, and then stayed still a moment
                 break
             size = now
         with open(self.log_path, "rb") as log:

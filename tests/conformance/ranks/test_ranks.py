@@ -198,6 +198,9 @@ def test_start_up_that_never_answers_times_out_naming_the_ranks():
         assert pool.events == ["pool respawned: start-up timed out after 2 s"]
         assert not pool.started
     assert "slow pool (2 ranks, gloo): start-up timed out after 2 s; no answer from rank 0, 1" in str(info.value)
+    # each rank's stacks show where its start-up was: importing the setup module
+    assert sorted(info.value.stacks) == [0, 1]
+    assert all(re.search(r'slow_setup.py", line \d+ in <module>', stack) for stack in info.value.stacks.values())
 
 
 def test_a_rank_that_starts_later_than_the_call_timeout_still_joins_its_group():
