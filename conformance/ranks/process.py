@@ -136,7 +136,8 @@ class RankProcess:
 
     def ask_for_stacks(self) -> int | None:
         """Signal this live rank to write every thread's Python stack to its log (``protocol.STACKS_SIGNAL``);
-        the log's size before, to read them from with ``stacks_since``, or None when the rank is gone."""
+        the log's size before, to read them from with ``stacks_since``, or None when the rank is gone. Only
+        for a rank about to be killed: one that has not yet registered the handler dies of the signal."""
         try:
             start = self.log_path.stat().st_size
             os.kill(self.pid, protocol.STACKS_SIGNAL)
@@ -148,15 +149,18 @@ class RankProcess:
         """What the rank wrote to its log after ``start`` once it stopped writing (where a hung call is
         stuck), without the frames of how it was started; None if nothing came by ``deadline`` (monotonic)."""
         size = start
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = self.log_path.stat().st_size
-            if start < now == size:  # it has written, and then stayed still a moment
-                break
-            size = now
-        with open(self.log_path, "rb") as log:
-            log.seek(start)
-            written = log.read().decode(errors="replace").splitlines()
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                now = self.log_path.stat().st_size
+                if start < now == size:  # it has written, and then stayed still a moment
+                    break
+                size = now
+            with open(self.log_path, "rb") as log:
+                log.seek(start)
+                written = log.read().decode(errors="replace").splitlines()
+        except OSError:  # the log is gone: nothing to show
+            return None
         return "\n".join(_without_start_up(written)).strip() or None
 
     def _log_lines(self) -> list[str]:
