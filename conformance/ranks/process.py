@@ -149,23 +149,23 @@ class RankProcess:
         """What the rank wrote to its log after ``start`` once it stopped writing (where a hung call is
         stuck), without the frames of how it was started; None if nothing came by ``deadline`` (monotonic)."""
         size = start
-        try:
-            while time.monotonic() < deadline:
-                time.sleep(0.05)
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:
                 now = self.log_path.stat().st_size
-                if start < now == size:  # it has written, and then stayed still a moment
-                    break
-                size = now
+            except OSError:  # the log is gone: nothing to show
+                return None
+            if start < now == size:  # it has written, and then stayed still a moment
+                break
+            size = now
+        return "\n".join(_without_start_up(self._log_lines(start))).strip() or None
+
+    def _log_lines(self, start: int = 0) -> list[str]:
+        """The log's lines from byte ``start`` on ([] when it cannot be read)."""
+        try:
             with open(self.log_path, "rb") as log:
                 log.seek(start)
-                written = log.read().decode(errors="replace").splitlines()
-        except OSError:  # the log is gone: nothing to show
-            return None
-        return "\n".join(_without_start_up(written)).strip() or None
-
-    def _log_lines(self) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()
+                return log.read().decode(errors="replace").splitlines()
         except OSError:
             return []
 
