@@ -273,12 +273,17 @@ def supersede(session: Session, started: RunRow, now: dt.datetime) -> list[RunRo
 def timed_out_candidates(
     session: Session, *, unstarted_before: dt.datetime, running_before: dt.datetime,
 ) -> list[tuple[RunRow, str]]:
-    """Open runs past their limits, locked, each with its reason name."""
+    """Open runs past their limits, locked, each with its reason name.
+
+    Locked ``FOR NO KEY UPDATE SKIP LOCKED`` on PostgreSQL: a run another pass is changing is skipped, but
+    not one whose key is merely referenced by a row being written (reporting's first reported state, a
+    report's test results take ``FOR KEY SHARE`` on it), which a plain ``FOR UPDATE`` would skip until the
+    next sweep. The time-out changes no key."""
     rows = session.scalars(
         select(RunRow).where(
             (and_(RunRow.state == RunState.dispatched.value, RunRow.dispatched_at < unstarted_before))
             | (and_(RunRow.state == RunState.in_progress.value, RunRow.started_at < running_before))
-        ).order_by(RunRow.id).with_for_update(skip_locked=True)
+        ).order_by(RunRow.id).with_for_update(skip_locked=True, key_share=True)
     ).all()
     return [(row, "never_started" if row.state == RunState.dispatched.value else "ran_too_long") for row in rows]
 
