@@ -34,7 +34,12 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import github3
+import jwt
 import requests
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from github3.apps import APP_PREVIEW_HEADERS
+from github3.session import AppBearerTokenAuth
 from requests.adapters import HTTPAdapter
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
 # Refresh an installation token this long before GitHub says it expires (tokens live one hour).
 TOKEN_REFRESH_MARGIN_SECONDS = 300.0
 _APP_JWT_SECONDS = 540  # GitHub accepts app JWTs of at most 10 minutes
+_INSTALLATION_JWT_SECONDS = 30  # the JWT that asks for an installation token is used once, at once
 _SECONDARY_BACKOFF_CAP_SECONDS = 3600.0
 
 
@@ -130,6 +136,21 @@ def _message(response: requests.Response) -> str:
     return str(body)[:300]
 
 
+def _app_key(private_key_pem: str | bytes) -> rsa.RSAPrivateKey:
+    """The App's private key, parsed and checked once (a key that cannot sign fails here, at start-up,
+    rather than at the first dispatch)."""
+    pem = private_key_pem.encode() if isinstance(private_key_pem, str) else private_key_pem
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"the GitHub App private key is not an unencrypted PEM private key ({exc}); "
+                         "use the .pem file downloaded from the App's settings page") from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise ValueError("the GitHub App private key is not an RSA key, and GitHub signs App JWTs with RS256: "
+                         "use the .pem file downloaded from the App's settings page")
+    return key
+
+
 def _number(value: str | None) -> float | None:
     try:
         return float(value) if value is not None else None
@@ -164,7 +185,7 @@ class GitHubClient:
         self._token = token
         # PyJWT rejects a non-string issuer, and github3 puts app_id there as given.
         self._app_id = None if app_id is None else str(app_id)
-        self._pem = private_key_pem.encode() if isinstance(private_key_pem, str) else private_key_pem
+        self._app_key = None if app_id is None else _app_key(private_key_pem)
         self._timeout = timeout
         self._secondary_base = secondary_backoff_seconds
         self._pool_size = pool_size
@@ -185,10 +206,13 @@ class GitHubClient:
             pool_size=settings.dispatch_concurrency,
         )
         if settings.uses_github_app:
-            return cls(
-                settings.github_api_url, app_id=settings.github_app_id,
-                private_key_pem=settings.github_private_key_file.read_text(), **common,
-            )
+            try:
+                return cls(
+                    settings.github_api_url, app_id=settings.github_app_id,
+                    private_key_pem=settings.github_private_key_file.read_text(), **common,
+                )
+            except ValueError as exc:
+                raise ValueError(f"RELAY_GITHUB_PRIVATE_KEY_FILE ({settings.github_private_key_file}): {exc}") from None
         return cls(settings.github_api_url, token=settings.github_token.get_secret_value(), **common)
 
     # --- sessions ---------------------------------------------------------------------------------
@@ -212,10 +236,28 @@ class GitHubClient:
         installation_id = self._installation_id(repository)
         return self._installation_client(installation_id), f"installation:{installation_id}"
 
+    def _app_jwt(self, seconds: int) -> str:
+        """A JWT that authenticates as the App for ``seconds``, signed with the key parsed once: github3's
+        ``login_as_app*`` take the PEM and have PyJWT parse and check it again for every token, about
+        40 ms of CPU each."""
+        now = int(time.time())  # GitHub checks it against its own clock, not the injectable one
+        return jwt.encode({"iat": now, "exp": now + seconds, "iss": self._app_id}, self._app_key, algorithm="RS256")
+
     def _app_client(self) -> github3.GitHub:
         gh = self._new_client()
-        gh.login_as_app(self._pem, self._app_id, expire_in=_APP_JWT_SECONDS)
+        gh.session.app_bearer_token_auth(self._app_jwt(_APP_JWT_SECONDS), _APP_JWT_SECONDS)
         return gh
+
+    def _log_in_as_installation(self, gh: github3.GitHub, installation_id: int, credential: str, what: str) -> None:
+        """What github3's ``login_as_app_installation`` does: trade an App JWT for an installation token,
+        then authenticate ``gh``'s session with it."""
+        url = f"{self.api_url}/app/installations/{installation_id}/access_tokens"
+        auth = AppBearerTokenAuth(self._app_jwt(_INSTALLATION_JWT_SECONDS), _INSTALLATION_JWT_SECONDS)
+        with gh.session.no_auth():
+            response = gh.session.post(url, auth=auth, headers=APP_PREVIEW_HEADERS)
+        if response.status_code != 201:
+            self._raise_for(response, credential, what)
+        gh.session.app_installation_token_auth(response.json())
 
     def _installation_id(self, repository: str) -> int:
         with self._lock:
@@ -242,11 +284,8 @@ class GitHubClient:
             if cached is not None and (cached[1] - now).total_seconds() > self._refresh_margin:
                 return cached[0]
             gh = self._new_client()
-            self._call(
-                f"installation:{installation_id}",
-                lambda: gh.login_as_app_installation(self._pem, self._app_id, installation_id),
-                what=f"fetch an installation token for installation {installation_id}",
-            )
+            credential, what = f"installation:{installation_id}", f"fetch an installation token for installation {installation_id}"
+            self._call(credential, lambda: self._log_in_as_installation(gh, installation_id, credential, what), what=what)
             expires_at = gh.session.auth.expires_at
             self._installation_clients[installation_id] = (gh, expires_at)
             return gh

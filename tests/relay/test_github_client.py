@@ -6,7 +6,7 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from relay.github import GitHubClient, PermanentError, RateLimitedError, RetryableError
 from relay.testing import FakeGitHub, Fault
@@ -167,6 +167,27 @@ def test_wrong_app_key_is_permanent(app_key):
         with pytest.raises(PermanentError) as caught:
             client.repository_dispatch("org/ci", "push", {})
         assert caught.value.status == 401
+
+
+def test_an_app_key_that_cannot_sign_is_refused_at_construction_naming_the_fix(tmp_path, monkeypatch):
+    """The key is parsed once, when the client is made: a broken one fails the relay's start, not its
+    first dispatch, and the message says what to use instead (and echoes no key material)."""
+    truncated = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n"
+    with pytest.raises(ValueError, match="not an unencrypted PEM private key") as caught:
+        GitHubClient("http://127.0.0.1:9", app_id="42", private_key_pem=truncated)
+    assert "App's settings page" in str(caught.value) and "MIIEvQ" not in str(caught.value)
+    elliptic = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    with pytest.raises(ValueError, match="is not an RSA key, and GitHub signs App JWTs with RS256"):
+        GitHubClient("http://127.0.0.1:9", app_id="42", private_key_pem=elliptic)
+
+    from relay.settings import load_settings
+
+    key = tmp_path / "app.pem"
+    key.write_text(truncated)
+    settings = load_settings(webhook_secrets="s", github_app_id="42", github_private_key_file=str(key))
+    with pytest.raises(ValueError, match=f"RELAY_GITHUB_PRIVATE_KEY_FILE \\({key}\\): the GitHub App private key is not"):
+        GitHubClient.from_settings(settings)
 
 
 def test_rerun_endpoints_are_recorded(fake_github):
