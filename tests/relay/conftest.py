@@ -1,10 +1,14 @@
 """Fixtures of the relay's tests: a fresh database per test (SQLite and PostgreSQL), the fake GitHub,
 backend descriptor folders, and a relay app served by uvicorn on loopback.
 
+The databases of ``database_url``, ``sqlite_url`` and ``postgres_url`` hold the newest schema, copied from
+one migrated per test process (``migrated_databases``); ``empty_database_url`` is empty, for the tests
+of the migrations themselves.
+
 PostgreSQL: tests connect to ``$RELAY_TEST_POSTGRES_URL`` (default
 ``postgresql://relay:relay@127.0.0.1:5432/postgres``), a role allowed to CREATE DATABASE; each test
-gets its own database, dropped afterwards. When no server answers, the PostgreSQL variants are
-skipped with the reason (start one with ``pg_ctlcluster 15 main start``).
+gets its own schema of one database made for the session, dropped afterwards. When no server answers, the
+PostgreSQL variants are skipped with the reason (start one with ``pg_ctlcluster 15 main start``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.relay.helpers import RelayUnderTest, write_backend
+from tests.relay.migrated_databases import MigratedPostgres, copy_migrated_sqlite
 
 POSTGRES_ADMIN_URL = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
 _postgres_problem: list[str | None] = []
@@ -52,9 +57,13 @@ def _postgres_unavailable() -> str | None:
 _session_database: list[str] = []
 
 
+_MIGRATED_POSTGRES = MigratedPostgres()
+
+
 @contextlib.contextmanager
-def postgres_database():
-    """A fresh, empty PostgreSQL schema in this session's test database; yields a URL that uses it.
+def postgres_database(*, migrated: bool = False):
+    """A fresh PostgreSQL schema in this session's test database, empty or (``migrated``) at the newest
+    revision; yields a URL that uses it.
 
     A schema per test isolates as well as a database per test (the relay names no schema: it follows
     ``search_path``) and costs milliseconds instead of a CREATE DATABASE checkpoint.
@@ -68,9 +77,13 @@ def postgres_database():
         _session_database.append(create_scratch_database(POSTGRES_ADMIN_URL, "relay_test"))
     url = make_url(_session_database[0])
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+    connect_url = url.render_as_string(hide_password=False)
+    with psycopg.connect(connect_url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-    yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    schema_url = url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    if migrated:
+        _MIGRATED_POSTGRES.migrate(schema_url, connect_url, schema)
+    yield schema_url
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -83,24 +96,39 @@ def _drop_test_database():
     drop_scratch_database(POSTGRES_ADMIN_URL, _session_database[0])
 
 
+@pytest.fixture(scope="session")
+def _sqlite_templates(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sqlite-templates")
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request, tmp_path: Path):
-    """Every store-touching test runs twice: on a SQLite file and on a fresh PostgreSQL database."""
+    """Every store-touching test runs twice: on a SQLite file and on a fresh PostgreSQL schema, each at the
+    newest schema revision."""
+    if request.param == "sqlite":
+        yield copy_migrated_sqlite(request.getfixturevalue("_sqlite_templates"), tmp_path / "relay.db")
+        return
+    yield from _fresh_postgres_url(migrated=True)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty_database_url(request, tmp_path: Path):
+    """As ``database_url``, but empty: for the tests of the migrations themselves."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'relay.db'}"
         return
-    yield from _fresh_postgres_url()
+    yield from _fresh_postgres_url(migrated=False)
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
+def sqlite_url(tmp_path: Path, _sqlite_templates: Path) -> str:
     """For tests of the HTTP layer only (signatures, headers), which do not depend on the database."""
-    return f"sqlite:///{tmp_path / 'relay.db'}"
+    return copy_migrated_sqlite(_sqlite_templates, tmp_path / "relay.db")
 
 
 @pytest.fixture
 def postgres_url():
-    yield from _fresh_postgres_url()
+    yield from _fresh_postgres_url(migrated=True)
 
 
 @pytest.fixture
@@ -119,9 +147,9 @@ def _skip_without_postgres() -> None:
         pytest.skip(problem)
 
 
-def _fresh_postgres_url():
+def _fresh_postgres_url(*, migrated: bool):
     _skip_without_postgres()
-    with postgres_database() as url:
+    with postgres_database(migrated=migrated) as url:
         yield url
 
 
