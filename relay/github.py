@@ -183,7 +183,7 @@ class GitHubClient:
             raise ValueError("GitHub App auth needs private_key_pem")
         self.api_url = api_url.rstrip("/")
         self._token = token
-        # PyJWT rejects a non-string issuer, and github3 puts app_id there as given.
+        # The App JWTs carry it as their issuer, which PyJWT accepts only as a string.
         self._app_id = None if app_id is None else str(app_id)
         self._app_key = None if app_id is None else _app_key(private_key_pem)
         self._timeout = timeout
