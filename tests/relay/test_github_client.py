@@ -169,7 +169,7 @@ def test_wrong_app_key_is_permanent(app_key):
         assert caught.value.status == 401
 
 
-def test_an_app_key_that_cannot_sign_is_refused_at_construction_naming_the_fix(tmp_path, monkeypatch):
+def test_an_app_key_that_cannot_sign_is_refused_at_construction_naming_the_fix(tmp_path):
     """The key is parsed once, when the client is made: a broken one fails the relay's start, not its
     first dispatch, and the message says what to use instead (and echoes no key material)."""
     truncated = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n"
