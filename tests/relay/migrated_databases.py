@@ -30,8 +30,7 @@ def _migrated_sqlite_template(folder: Path) -> Path:
     if not template.exists():
         store = Store(f"sqlite:///{template}")
         store.migrate()  # checkpoints the schema into the file
-        store.close()
-        store.engine.dispose()
+        store.close()  # and its connections, so that nothing is left in the write-ahead log
         wal = template.with_name(template.name + "-wal")
         if wal.exists() and wal.stat().st_size:
             raise RuntimeError(f"{template}: the migrated schema is still in its write-ahead log, a copy would lose it")
