@@ -13,6 +13,7 @@ import gc
 import os
 import shutil
 import tempfile
+import types
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -31,6 +32,7 @@ KNOWN_FAILURE_PROPERTY = "conformance.known_failure."  # + match, reason, link, 
 OUTCOME_PROPERTY = "conformance.outcome"
 WORLD_SIZE_PROPERTY = "conformance.world_size"  # the ranks of the pool a test ran on
 UNEXPECTED_PASS = "unexpected_pass"
+RUN_PLUGIN = "conformance-run"  # the plugin manager's name for this config's ConformanceRun (hooks and the ranks fixture)
 
 
 # Help text: one sentence, lower case, naming the default.
@@ -96,7 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "shared_dir: the test's ranks exchange files through ctx.shared_dir "
                             "(skip when it is not one directory for every rank)")
     config.stash[SESSION_KEY] = None
-    config.pluginmanager.register(ConformanceRun(config), "conformance-run")
+    run = ConformanceRun(config)
+    config.pluginmanager.register(run, RUN_PLUGIN)
+    config.pluginmanager.register(_ranks_fixture_of(run), f"{RUN_PLUGIN}-ranks")
     # Inductor's first use of a fresh cache directory costs ~10 s of CPU probing: share one per run.
     # xdist workers inherit it through the environment.
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
@@ -223,6 +227,7 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
     pool_size = needed or session.world_size
     if "ranks" in getattr(item, "fixturenames", ()):
         item.user_properties.append((WORLD_SIZE_PROPERTY, pool_size))
+    item.config.pluginmanager.get_plugin(RUN_PLUGIN).pool_sizes[item.nodeid] = pool_size
     known = session.descriptor.known_failure_for(test_id_of(item), pool_size, session.torch_version)
     if known is not None:
         item.user_properties.extend((KNOWN_FAILURE_PROPERTY + key, value) for key, value in
@@ -251,46 +256,62 @@ def _is_unexpected_pass(report: pytest.TestReport) -> bool:
         (report.failed and str(report.longrepr).startswith("[XPASS(strict)]"))
 
 
-class Ranks:
-    """What the ``ranks`` fixture gives a test: ``run(fn, *args, **kwargs)`` on every rank."""
+def _ranks_fixture_of(run: "ConformanceRun") -> types.ModuleType:
+    """A plugin holding this config's ``ranks`` fixture, for ``run``.
 
-    def __init__(self, pool, session):
-        self._pool = pool
-        self.world_size: int = pool.world_size
+    Session-scoped and taking no ``request``, so that a test pays no fixture set-up or teardown for it (a
+    function-scoped one cost 0.03-0.04 ms of a trivial ranks test's 0.8 ms, and asking for ``request`` another
+    0.04-0.05: pytest builds a new definition of ``request`` each time; bench/ranks_fixture_overhead.py). A
+    function in a module, not a method of ``ConformanceRun``: pytest deprecates session-scoped methods."""
+
+    @pytest.fixture(name="ranks", scope="session")
+    def ranks_fixture() -> Ranks:
+        """A persistent pool of ranks of the session's backend, of the test's world size; see ``conformance.ranks``."""
+        return Ranks(run, _session(run.config))
+
+    holder = types.ModuleType(f"{__name__}.ranks_fixture")
+    holder.ranks_fixture = ranks_fixture
+    return holder
+
+
+class Ranks:
+    """What the ``ranks`` fixture gives a test: ``run(fn, *args, **kwargs)`` on every rank of the test's pool.
+
+    One for the whole run (the fixture is session-scoped, see ``_ranks_fixture_of``): the pools live as long
+    as the session, and which one a test gets (its world size) is looked up at each use, from the test in
+    progress.
+    """
+
+    def __init__(self, run: "ConformanceRun", session):
+        self._run = run
         self.device: str = session.descriptor.device_type
         self.backend: str = session.descriptor.distributed_backend
         self.descriptor = session.descriptor
         self.capabilities = session.capabilities
 
-    def run(self, fn, *args, **kwargs) -> list:
-        """Run ``fn(ctx, *args, **kwargs)`` on every rank; results in rank order."""
-        return self.run_with_timeout(self._pool.timeout, fn, *args, **kwargs)
-
-    def run_with_timeout(self, timeout: float, fn, *args, **kwargs) -> list:
-        lost = getattr(self._pool, "lost", None)
-        if lost:  # a launcher's world that lost a process: nothing can run until it is relaunched
-            pytest.skip(lost)
-        return self._pool.run_with_timeout(timeout, fn, *args, **kwargs)
-
     @property
     def pool(self):
-        return self._pool
+        """The pool of the test in progress."""
+        return self._run.pool_of_running_test()
 
+    @property
+    def world_size(self) -> int:
+        return self.pool.world_size
 
-RANKS_KEY = pytest.StashKey[dict]()  # world size -> the Ranks every test of that size gets
+    def run(self, fn, *args, **kwargs) -> list:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; results in rank order."""
+        pool = self.pool
+        return self._run_on(pool, pool.timeout, fn, args, kwargs)
 
+    def run_with_timeout(self, timeout: float, fn, *args, **kwargs) -> list:
+        return self._run_on(self.pool, timeout, fn, args, kwargs)
 
-@pytest.fixture
-def ranks(request: pytest.FixtureRequest) -> Ranks:
-    """A persistent pool of ranks of the session's backend; see ``conformance.ranks``."""
-    session = _session(request.config)
-    world_size = required_world_size(request.node) or session.world_size
-    # One Ranks per pool, made once: a test's share of the fixture is then a lookup (it is a thin view of
-    # the pool, which lives for the whole session anyway).
-    made = request.config.stash.setdefault(RANKS_KEY, {})
-    if (given := made.get(world_size)) is None or given.pool is not session.pools.get(world_size):
-        given = made[world_size] = Ranks(session.pool(world_size), session)
-    return given
+    @staticmethod
+    def _run_on(pool, timeout: float, fn, args: tuple, kwargs: dict) -> list:
+        lost = getattr(pool, "lost", None)
+        if lost:  # a launcher's world that lost a process: nothing can run until it is relaunched
+            pytest.skip(lost)
+        return pool.run_with_timeout(timeout, fn, *args, **kwargs)
 
 
 def _message(report: pytest.TestReport) -> str:
@@ -339,6 +360,15 @@ class ConformanceRun:
         self.worker_events: list[str] = []
         self.worker_probes: list[Probe] = []  # the capabilities pytest-xdist workers probed
         self.running: tuple[str, str] | None = None  # (nodeid, suite) of the test in progress
+        self.pool_sizes: dict[str, int] = {}  # nodeid -> the ranks of the pool it runs on (found at collection)
+
+    def pool_of_running_test(self):
+        """The pool of the test in progress: of the size found at collection, else (a test no hook of this
+        plugin saw ask for ``ranks``: it called ``getfixturevalue``) of the run's world size."""
+        session = _session(self.config)
+        world_size = self.pool_sizes.get(self.running[0], session.world_size) if self.running else session.world_size
+        pool = session.pools.get(world_size)
+        return pool if pool is not None else session.pool(world_size)
 
     def pytest_runtest_logstart(self, nodeid: str, location) -> None:
         self.running = (nodeid, suite_name(location[0]))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import time
 import uuid
@@ -216,8 +215,10 @@ def test_world_size_four_runs_when_asked(pytester):
             assert ranks.run(who) == [4, 4, 4, 4]
         def test_default(ranks):
             assert ranks.run(who) == [4, 4, 4, 4]
+        def test_asked_for_late(request):  # no hook saw it ask for ranks: it gets the run's world size
+            assert request.getfixturevalue("ranks").run(who) == [4, 4, 4, 4]
     ''')
-    pytester.runpytest_subprocess("--world-size", "4", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.runpytest_subprocess("--world-size", "4", "-p", "no:cacheprovider").assert_outcomes(passed=3)
 
 
 def test_mismatch_is_announced_and_tests_skip_with_the_probe_reason(pytester):
