@@ -95,7 +95,11 @@ def test_a_locked_sqlite_file_gets_a_bounded_503_and_health_says_it_cannot_write
             holder.execute("ROLLBACK")
             holder.close()
         assert _health(relay).status_code == 200
-        assert _webhook(relay, "locked").status_code == 202
+        # GitHub's redelivery is stored, or found stored already: a write under way when its 503 was sent may
+        # still commit once the lock is released (intake/routes.py; seen in a CI run under load).
+        again = _webhook(relay, "locked")
+        assert again.status_code == 202 or (again.status_code, again.json()["status"]) == (200, "duplicate"), again.text
+        assert _webhook(relay, "after-unlock").status_code == 202
     finally:
         relay.stop()
 
