@@ -169,8 +169,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = _session(config)
     if not config.getoption("collectonly"):
         _launch_default_pool(session, conformance_items)
+    pool_sizes = config.pluginmanager.get_plugin(RUN_PLUGIN).pool_sizes
     for item in conformance_items:
-        _apply_descriptor(session, item)  # probes what these items need, while the ranks boot
+        _apply_descriptor(session, item, pool_sizes)  # probes what these items need, while the ranks boot
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not _is_xdist_worker(config) and not _header_up_front(config):
         for line in session.header_lines():
@@ -198,7 +199,8 @@ def _launch_default_pool(session, items: list[pytest.Item]) -> None:
         session.pool(session.world_size).launch()
 
 
-def _apply_descriptor(session, item: pytest.Item) -> None:
+def _apply_descriptor(session, item: pytest.Item, pool_sizes: dict[str, int]) -> None:
+    """Skip or expect failure from the descriptor; record in ``pool_sizes`` the ranks of the pool ``item`` runs on."""
     for capability in required_capabilities(item):
         ok, why = session.capabilities.usable(capability)
         if not ok:
@@ -227,7 +229,7 @@ def _apply_descriptor(session, item: pytest.Item) -> None:
     pool_size = needed or session.world_size
     if "ranks" in getattr(item, "fixturenames", ()):
         item.user_properties.append((WORLD_SIZE_PROPERTY, pool_size))
-    item.config.pluginmanager.get_plugin(RUN_PLUGIN).pool_sizes[item.nodeid] = pool_size
+    pool_sizes[item.nodeid] = pool_size
     known = session.descriptor.known_failure_for(test_id_of(item), pool_size, session.torch_version)
     if known is not None:
         item.user_properties.extend((KNOWN_FAILURE_PROPERTY + key, value) for key, value in

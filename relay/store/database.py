@@ -35,7 +35,7 @@ from sqlalchemy.engine import URL, make_url
 
 from relay.store import storable_text
 
-__all__ = ["MIGRATIONS_DIR", "READ_ONLY", "create_store_engine", "normalise_url", "run_migrations"]
+__all__ = ["MIGRATIONS_DIR", "READ_ONLY", "create_store_engine", "migrations_config", "normalise_url", "run_migrations"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Execution option marking a read-only transaction (``Store._reading``).
@@ -129,10 +129,16 @@ def _tune_sqlite(engine: Engine, deadline_seconds: float) -> None:
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def run_migrations(engine: Engine) -> None:
-    """Bring the schema to the newest revision; several processes starting at once take turns."""
+def migrations_config() -> Config:
+    """Alembic's configuration of the relay's migrations (``MIGRATIONS_DIR``)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def run_migrations(engine: Engine) -> None:
+    """Bring the schema to the newest revision; several processes starting at once take turns."""
+    config = migrations_config()
     with engine.connect() as connection:
         lock = engine.dialect.name == "postgresql"
         if lock:

@@ -94,18 +94,14 @@ class MigratedPostgres:
 
     @staticmethod
     def _check(url: str) -> None:
-        from alembic.migration import MigrationContext
         from alembic.autogenerate import compare_metadata
-
-        from alembic.config import Config
+        from alembic.migration import MigrationContext
         from alembic.script import ScriptDirectory
 
-        from relay.store.database import MIGRATIONS_DIR, create_store_engine
+        from relay.store.database import create_store_engine, migrations_config
         from relay.store.models import Base
 
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS_DIR))
-        head = ScriptDirectory.from_config(config).get_current_head()
+        head = ScriptDirectory.from_config(migrations_config()).get_current_head()
         engine = create_store_engine(url)
         try:
             with engine.connect() as connection:
