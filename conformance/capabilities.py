@@ -22,10 +22,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conformance.descriptors import BackendDescriptor
 
-__all__ = ["DEVICE_PROBES", "CapabilityReport", "Probe", "device_probes", "probe_capabilities"]
+__all__ = ["DEVICE_PROBES", "RANK_IMPORTS", "CapabilityReport", "Probe", "device_probes", "probe_capabilities",
+           "rank_imports"]
 
 # Probed on a rank (see the module docstring); the others read only torch's Python and build.
 DEVICE_PROBES = ("symmetric_memory", "bf16")
+
+# What a rank imports to use a capability, where that costs a noticeable part of a second of CPU. A CPU pool's
+# fork server imports these once, before it forks the ranks of a run whose selected tests need them, instead
+# of every rank (and every rank of every respawn) importing them itself (``conformance.ranks.forkserver``).
+# DTensor's ops enter ``torch._dynamo`` (their ``_disable_dynamo`` wrapper imports it on first use).
+RANK_IMPORTS = {
+    "dtensor": ("torch.distributed.tensor", "torch._dynamo"),
+    "parallelisms": ("torch.distributed.tensor", "torch._dynamo"),
+    "compile": ("torch._dynamo", "torch._inductor.compile_fx"),
+    "aot_compile": ("torch._dynamo", "torch._inductor.compile_fx"),
+}
+
+
+def rank_imports(capabilities) -> tuple[str, ...]:
+    """The modules of ``RANK_IMPORTS`` for ``capabilities``, each once, in a stable order."""
+    return tuple(dict.fromkeys(module for capability in capabilities for module in RANK_IMPORTS.get(capability, ())))
 
 
 def _capabilities() -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.capabilities import Probe
+from conformance.capabilities import Probe, rank_imports
 from conformance.descriptors import CAPABILITIES, DescriptorError
 from conformance.items import (SUITES_DIR, required_capabilities, required_min_ranks, required_world_size,
                                suite_name, test_id_of)
@@ -167,6 +167,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not conformance_items:
         return
     session = _session(config)
+    session.expect_rank_imports(rank_imports(dict.fromkeys(
+        c for item in conformance_items for c in required_capabilities(item) if session.descriptor.declares(c))))
     if not config.getoption("collectonly"):
         _launch_default_pool(session, conformance_items)
     pool_sizes = config.pluginmanager.get_plugin(RUN_PLUGIN).pool_sizes

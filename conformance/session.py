@@ -77,6 +77,7 @@ class ConformanceSession:
     lost_ranks: list[int] = field(default_factory=list)  # rank 0: ranks that never reported their verdicts
     followers_failed: bool = False  # rank 0: another rank's own session failed (usage error, crash)
     detection_note: str | None = None  # why a detected backend is not the one torch was built for
+    rank_imports: tuple[str, ...] = ()  # what the selected tests' ranks will import (capabilities.rank_imports)
 
     @classmethod
     def create(cls, options: RunOptions) -> "ConformanceSession":
@@ -118,6 +119,14 @@ class ConformanceSession:
         return session
 
     # -- pools ------------------------------------------------------------------------------------
+    def expect_rank_imports(self, modules: tuple[str, ...]) -> None:
+        """The selected tests' ranks will import ``modules`` (``capabilities.rank_imports``): every rank forked
+        from now on is forked with them imported. A pool started before collection (for the header's device
+        probes) keeps its first ranks as they are."""
+        self.rank_imports = tuple(modules)
+        for pool in self.pools.values():
+            pool.rank_imports = self.rank_imports
+
     def pool(self, world_size: int):
         from conformance.ranks import RankPool
         from conformance.ranks.launcher import LauncherPool
@@ -127,7 +136,7 @@ class ConformanceSession:
             d = self.descriptor
             common = dict(descriptor=d.name, device_type=d.device_type, backend=d.distributed_backend,
                           setup_modules=d.setup_modules, timeout=self.options.rank_timeout,
-                          symmetric_memory_backend=d.symmetric_memory_backend)
+                          symmetric_memory_backend=d.symmetric_memory_backend, rank_imports=self.rank_imports)
             if self.launcher is not None:
                 if world_size != self.launcher.world_size:
                     raise ValueError(f"under a launcher the only pool is its world of {self.launcher.world_size} ranks")

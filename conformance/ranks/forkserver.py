@@ -17,6 +17,10 @@ each rank imports them afresh from disk, without pytest's assertion rewriting), 
 signal handlers, warnings and the root logger's handlers; the descriptors' setup modules are never imported in
 the controller. Otherwise (an xdist worker, whose channel to its controller is a thread) it starts fresh.
 
+A run whose selected tests need DTensor or Dynamo has the server import those too, once, before it forks
+their ranks (``_import_for_ranks``, the modules of ``capabilities.RANK_IMPORTS``): each rank would otherwise
+pay about a second of CPU for them, again on every respawn.
+
 The server imports nothing of the controller and never touches a device. It dies with its controller
 (``PR_SET_PDEATHSIG``), and its ranks die with it. Each rank's exit status comes back through a pipe
 of its own, which the server writes when it reaps the rank: the controller reads it as it would a
@@ -123,11 +127,13 @@ class ForkServer:
         self._server: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
 
-    def fork_rank(self, config: dict, channel_fd: int, log_path: str, env: dict[str, str]) -> ForkedRank:
+    def fork_rank(self, config: dict, channel_fd: int, log_path: str, env: dict[str, str],
+                  imports: tuple[str, ...] = ()) -> ForkedRank:
         """A rank running ``worker.run(config)`` with ``channel_fd`` as its channel and its output in
-        ``log_path``, in ``env`` (its PYTHONPATH leading the import path) and the current working directory."""
-        request = pickle.dumps({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd()},
-                               protocol=pickle.HIGHEST_PROTOCOL)
+        ``log_path``, in ``env`` (its PYTHONPATH leading the import path) and the current working directory;
+        the server first imports what of ``imports`` it has not (``_import_for_ranks``)."""
+        request = pickle.dumps({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd(),
+                                "imports": list(imports)}, protocol=pickle.HIGHEST_PROTOCOL)
         status_r, status_w = os.pipe()
         try:
             with self._lock:
@@ -209,9 +215,10 @@ _SERVER = ForkServer()
 atexit.register(_SERVER.close)  # so no server outlives the controller's exit, even for a moment
 
 
-def fork_rank(config: dict, channel_fd: int, log_path: str, env: dict[str, str]) -> ForkedRank:
+def fork_rank(config: dict, channel_fd: int, log_path: str, env: dict[str, str],
+              imports: tuple[str, ...] = ()) -> ForkedRank:
     """A rank forked by this process's server (see ``ForkServer.fork_rank``)."""
-    return _SERVER.fork_rank(config, channel_fd, log_path, env)
+    return _SERVER.fork_rank(config, channel_fd, log_path, env, imports)
 
 
 def fork_here() -> bool:
@@ -320,6 +327,7 @@ def _serve(sock: socket.socket) -> None:
             if header is None:  # the controller is gone or done: so are we, and our ranks with us
                 return
             request, (channel_fd, status_w) = header
+            _import_for_ranks(request.get("imports", ()), request["env"])
             pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
@@ -359,6 +367,32 @@ def _reap(status_pipes: dict[int, int]) -> None:
         if fd is not None:
             os.write(fd, _STATUS.pack(os.waitstatus_to_exitcode(status)))
             os.close(fd)
+
+
+def _import_for_ranks(modules, env: dict[str, str]) -> None:
+    """Import, here in the server, what of ``modules`` is not imported yet, so that every rank forked after
+    inherits it instead of importing it itself (``capabilities.RANK_IMPORTS``: about a second of CPU per
+    rank for DTensor and Dynamo). They import under the rank's environment and import path, as the rank
+    would have (torch's config modules read environment variables as they load), like torch itself did
+    under the first pool's. One that fails to import is left for the rank, which meets the same error."""
+    missing = [name for name in modules if name not in sys.modules]
+    if not missing:
+        return
+    saved_environ, saved_path = dict(os.environ), list(sys.path)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:] = list(dict.fromkeys([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + sys.path))
+    try:
+        for name in missing:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the rank imports it itself and reports what it raises
+                pass
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environ)
+        sys.path[:] = saved_path
+    gc.freeze()  # as ``main`` does for torch: what the ranks inherit stays out of their full collections
 
 
 def _become_rank(request: dict[str, Any], channel_fd: int) -> None:

@@ -141,7 +141,7 @@ class LauncherPool(RankPool):
                                    device_index=world.local_rank, node=world.node)
         env = self._rank_env(world.local_world_size)
         self.ranks = [RankProcess.spawn(world.rank, config, self.workdir / f"rank{world.rank}.log", env,
-                                        self.start_method)]
+                                        self.start_method, self.rank_imports)]
 
     def run_with_timeout(self, timeout, fn, *args, **kwargs):
         """Rank 0's call is the world's: the other controllers check that they reached the same function

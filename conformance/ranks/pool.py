@@ -99,7 +99,8 @@ class RankPool:
                  setup_modules: tuple[str, ...] = (), timeout: float = 300.0,
                  startup_timeout: float = 180.0, grace: float = 5.0, workdir: str | None = None,
                  env: dict[str, str] | None = None, default_device: str | None = None,
-                 symmetric_memory_backend: str | None = None, start_method: str | None = None):
+                 symmetric_memory_backend: str | None = None, start_method: str | None = None,
+                 rank_imports: tuple[str, ...] = ()):
         self.descriptor = descriptor
         self.device_type = device_type
         self.backend = backend
@@ -112,6 +113,7 @@ class RankPool:
         self.default_device = default_device or self.env.get(DEFAULT_DEVICE_ENV) or None
         self.symmetric_memory_backend = symmetric_memory_backend
         self.start_method = start_method or default_start_method(device_type)  # process.RankProcess.spawn
+        self.rank_imports = tuple(rank_imports)  # imported once by a fork server before it forks the ranks
         self._tmp = tempfile.TemporaryDirectory(prefix=f"conformance-{descriptor}-{world_size}r-", dir=workdir)
         self.workdir = Path(self._tmp.name)
         self.shared_dir = self.workdir / "shared"
@@ -167,7 +169,8 @@ class RankPool:
         env = self._rank_env(self.world_size)
         self.ranks = [RankProcess.spawn(rank, self._rank_config(rank, world_size=self.world_size, store_host="127.0.0.1",
                                                                 store_port=self.store.port),
-                                        self.workdir / f"rank{rank}.log", env, self.start_method)
+                                        self.workdir / f"rank{rank}.log", env, self.start_method,
+                                        self.rank_imports)
                       for rank in range(self.world_size)]
 
     def _rank_config(self, rank: int, *, world_size: int, store_host: str, store_port: int, **extra: Any) -> dict:

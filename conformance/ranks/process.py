@@ -61,15 +61,16 @@ class RankProcess:
 
     @classmethod
     def spawn(cls, rank: int, config: dict, log_path: Path, env: dict[str, str],
-              method: str = SPAWN) -> "RankProcess":
-        """Start rank ``rank`` by ``method`` (``SPAWN`` or ``FORKSERVER``)."""
+              method: str = SPAWN, imports: tuple[str, ...] = ()) -> "RankProcess":
+        """Start rank ``rank`` by ``method`` (``SPAWN`` or ``FORKSERVER``); a fork server imports ``imports``
+        before it forks the rank, once for all its ranks (a fresh rank imports what it uses itself)."""
         if method not in (SPAWN, FORKSERVER):
             raise ValueError(f"unknown start method {method!r}: expected {SPAWN!r} or {FORKSERVER!r}")
         parent_sock, child_sock = socket.socketpair()
         child_fd = child_sock.fileno()
         try:
             if method == FORKSERVER:
-                process = forkserver.fork_rank(config, child_fd, str(log_path), env)
+                process = forkserver.fork_rank(config, child_fd, str(log_path), env, imports)
             else:
                 with open(log_path, "wb") as log:
                     process = subprocess.Popen(

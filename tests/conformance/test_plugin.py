@@ -221,6 +221,31 @@ def test_world_size_four_runs_when_asked(pytester):
     pytester.runpytest_subprocess("--world-size", "4", "-p", "no:cacheprovider").assert_outcomes(passed=3)
 
 
+def test_the_ranks_are_forked_with_what_the_selected_and_declared_tests_need_imported(pytester):
+    """The pools' fork server imports what the selected tests' declared capabilities need (capabilities.
+    RANK_IMPORTS) before it forks the ranks (the server's side: test_start_methods.py): here Dynamo and Inductor
+    for a compile test, and nothing for a DTensor test that skips because the descriptor declares no DTensor."""
+    pytester.makepyfile(test_imports='''
+        import sys
+        from conformance import requires
+        def has(ctx, module):
+            return module in sys.modules
+        @requires("compile")
+        def test_compile(ranks):
+            assert ranks.pool.rank_imports == ("torch._dynamo", "torch._inductor.compile_fx")
+            assert ranks.run(has, "torch._inductor.compile_fx") == [True, True]
+        @requires("dtensor")
+        def test_dtensor(ranks):
+            pass
+    ''')
+    backends = pytester.mkdir("b")
+    caps = {c: c not in ("symmetric_memory", "put_signal", "dtensor", "parallelisms") for c in CAPABILITIES}
+    (backends / "cpu.yaml").write_text(yaml.safe_dump(cpu_descriptor(capabilities=caps, known_failures=[])))
+    # No --backend: the header then waits for collection, and the default pool starts after it.
+    pytester.runpytest_subprocess("--backends-dir", str(backends), "-p", "no:cacheprovider").assert_outcomes(
+        passed=1, skipped=1)
+
+
 def test_mismatch_is_announced_and_tests_skip_with_the_probe_reason(pytester):
     pytester.makepyfile(test_symm='''
         from conformance import requires

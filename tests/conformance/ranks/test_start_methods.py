@@ -62,6 +62,36 @@ def test_a_rank_has_the_setting_a_fresh_one_has_whichever_way_it_started(method,
         assert f"rank {rank} writes to its log" in logs[rank]
 
 
+def what_was_imported_for_me(ctx):
+    imported = sys.modules.get("tests.conformance.imported_for_ranks")
+    try:
+        import tests.conformance.fails_to_import  # noqa: F401
+        failing = "imported"
+    except RuntimeError as exc:
+        failing = str(exc)
+    if imported is None:
+        return {"imported": False, "failing": failing}
+    return {"imported": True, "by_another_process": imported.IMPORTED_BY_PID != os.getpid(),
+            "marker": imported.MARKER_AT_IMPORT, "failing": failing}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_fork_server_imports_what_its_ranks_need_once_under_their_environment(method):
+    """``rank_imports`` (capabilities.RANK_IMPORTS: DTensor, Dynamo) are imported by the fork server, under the
+    ranks' environment, before it forks them; a fresh rank imports what it uses itself. A module that fails to
+    import is left to the rank, which meets the same error."""
+    env = {**os.environ, "CONFORMANCE_TEST_MARKER": f"imports-{method}"}
+    imports = ("tests.conformance.imported_for_ranks", "tests.conformance.fails_to_import")
+    with _pool(method, env=env, rank_imports=imports) as pool:
+        seen = pool.run(what_was_imported_for_me)
+    failing = "fails_to_import refuses to import"
+    if method == FORKSERVER:
+        assert seen == [{"imported": True, "by_another_process": True, "marker": f"imports-{method}",
+                         "failing": failing}] * 2
+    else:
+        assert seen == [{"imported": False, "failing": failing}] * 2
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_rank_killed_by_a_signal_is_described_the_same_whichever_way_it_started(method):
     with _pool(method) as pool:
