@@ -128,7 +128,7 @@ class Trial:
             "RELAY_UPSTREAM_REPO": UPSTREAM, "RELAY_OIDC_ISSUER": self.issuer.url, "RELAY_OIDC_AUDIENCE": AUDIENCE,
             "RELAY_DASHBOARD_URL": "http://127.0.0.1", "RELAY_LOG_LEVEL": "WARNING",
             "RELAY_GITHUB_CONTENT_REQUESTS_PER_MINUTE": "0", "RELAY_DISPATCH_POLL_SECONDS": "0.1",
-        }, workdir / "relay.log").start()
+        }, workdir / "relay.log", fresh=True).start()  # the command a backend's maintainer would run
 
     def close(self) -> None:
         self.relay.stop()
