@@ -28,6 +28,11 @@ _BLOCK_UNUSED_PLUGINS = " ".join(f"-p no:{name}" for name in ("schemathesis", "h
 
 
 def pytest_configure(config):
+    # pytest-xdist's default for --dist loadfile (--loadscope-reorder) hands out the files with the most tests
+    # first, whatever their cost: torchrun's eight tests, the longest file, then started last and ran alone at
+    # the end. The scheduler is to follow the order of the costs (pytest_collection_modifyitems below).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     # Not in a process about to start xdist workers: they run the tests that need these plugins.
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {_BLOCK_UNUSED_PLUGINS}".strip()
@@ -43,9 +48,9 @@ def _pytester_runs_without_unused_plugins(request, monkeypatch):
 
 # The order of the project's own test run: the costliest test files first, by the seconds each took in the
 # last measured run (tests/file_costs.json, written by `python bench/project_test_time.py --write-costs
-# tests/file_costs.json`). With `--dist loadfile` xdist hands files out in collection order, so a long file
-# collected last would leave one worker running alone at the end; a file not in the table counts as the
-# median. The order within a file is kept; only the order between files changes.
+# tests/file_costs.json`). With `--dist loadfile` and `--no-loadscope-reorder` (set below) xdist hands files out
+# in collection order, so a long file collected last would leave one worker running alone at the end; a file
+# not in the table counts as the median. The order within a file is kept; only the order between files changes.
 _COSTS = Path(__file__).resolve().parent / "tests" / "file_costs.json"
 
 
