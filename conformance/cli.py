@@ -229,8 +229,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print(f"conformance: {exc}", file=sys.stderr)
         return 2
     # The device-touching probes on one rank of the backend (this process touches no device).
-    from conformance.ranks import RankPool
+    from conformance.ranks import RankPool, fork_server_here
 
+    fork_server_here(shown.device_type)
     with RankPool(descriptor=shown.name, device_type=shown.device_type, backend=shown.distributed_backend,
                   world_size=1, setup_modules=shown.setup_modules,
                   symmetric_memory_backend=shown.symmetric_memory_backend) as pool:

@@ -81,17 +81,12 @@ class ConformanceSession:
 
     @classmethod
     def create(cls, options: RunOptions) -> "ConformanceSession":
-        from conformance.ranks import FORKSERVER, default_start_method, forkserver
+        from conformance.ranks import fork_server_here
         from conformance.ranks.launcher import LauncherWorld
 
         descriptors = load_descriptors(options.backends_dir)
         descriptor = resolve_backend(options.backend, descriptors)
-        if default_start_method(descriptor.device_type) == FORKSERVER:
-            # Before this process starts a thread (the pools' stores, the probes): its CPU ranks' server
-            # can then be a copy of it rather than a fresh interpreter importing torch again.
-            import torch.distributed  # noqa: F401 - the pools import it anyway; the copy has it
-
-            forkserver.fork_here()
+        fork_server_here(descriptor.device_type)  # before this process starts a thread (the stores, the probes)
         # The device-touching probes run on the ranks of the default pool (this process touches no device).
         on_ranks = [None]
         capabilities = probe_capabilities(descriptor, on_ranks=lambda: on_ranks[0]())

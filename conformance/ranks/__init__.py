@@ -7,7 +7,7 @@ running on a rank receives.
 
 from conformance.ranks.context import RankContext
 from conformance.ranks.pool import DEFAULT_DEVICE_ENV, RankCrashed, RankError, RankPool, RankTimeout, RemoteError
-from conformance.ranks.process import FORKSERVER, SPAWN, default_start_method
+from conformance.ranks.process import FORKSERVER, SPAWN, default_start_method, fork_server_here
 
 __all__ = ["DEFAULT_DEVICE_ENV", "FORKSERVER", "SPAWN", "RankContext", "RankCrashed", "RankError", "RankPool",
-           "RankTimeout", "RemoteError", "default_start_method"]
+           "RankTimeout", "RemoteError", "default_start_method", "fork_server_here"]

@@ -52,6 +52,17 @@ def default_start_method(device_type: str) -> str:
     return FORKSERVER if device_type == "cpu" else SPAWN
 
 
+def fork_server_here(device_type: str) -> bool:
+    """Where ranks of ``device_type`` are forked (``default_start_method``), make their server a copy of this
+    process now, before it starts a thread (a pool's store, a probe), rather than a fresh interpreter importing
+    torch again (``forkserver.fork_here``); True when it did."""
+    if default_start_method(device_type) != FORKSERVER:
+        return False
+    import torch.distributed  # noqa: F401 - the pools import it anyway; the copy has it
+
+    return forkserver.fork_here()
+
+
 @dataclass
 class RankProcess:
     rank: int
