@@ -223,8 +223,8 @@ def test_world_size_four_runs_when_asked(pytester):
 
 def test_the_ranks_are_forked_with_what_the_selected_and_declared_tests_need_imported(pytester):
     """The pools' fork server imports what the selected tests' declared capabilities need (capabilities.
-    RANK_IMPORTS) before it forks the ranks (the server's side: test_start_methods.py): here Dynamo and Inductor
-    for a compile test, and nothing for a DTensor test that skips because the descriptor declares no DTensor."""
+    RANK_IMPORTS) before it forks the ranks (the server's side: test_start_methods.py): here DTensor and Dynamo
+    for a DTensor test, and not Inductor for a compile test that skips because the descriptor declares no compile."""
     pytester.makepyfile(test_imports='''
         import sys
         from conformance import requires
@@ -232,14 +232,14 @@ def test_the_ranks_are_forked_with_what_the_selected_and_declared_tests_need_imp
             return module in sys.modules
         @requires("compile")
         def test_compile(ranks):
-            assert ranks.pool.rank_imports == ("torch._dynamo", "torch._inductor.compile_fx")
-            assert ranks.run(has, "torch._inductor.compile_fx") == [True, True]
+            pass
         @requires("dtensor")
         def test_dtensor(ranks):
-            pass
+            assert ranks.pool.rank_imports == ("torch.distributed.tensor", "torch._dynamo")
+            assert ranks.run(has, "torch.distributed.tensor") == [True, True]
     ''')
     backends = pytester.mkdir("b")
-    caps = {c: c not in ("symmetric_memory", "put_signal", "dtensor", "parallelisms") for c in CAPABILITIES}
+    caps = {c: c not in ("symmetric_memory", "put_signal", "compile", "aot_compile") for c in CAPABILITIES}
     (backends / "cpu.yaml").write_text(yaml.safe_dump(cpu_descriptor(capabilities=caps, known_failures=[])))
     # No --backend: the header then waits for collection, and the default pool starts after it.
     pytester.runpytest_subprocess("--backends-dir", str(backends), "-p", "no:cacheprovider").assert_outcomes(
