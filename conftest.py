@@ -48,7 +48,7 @@ def _pytester_runs_without_unused_plugins(request, monkeypatch):
 
 # The order of the project's own test run: the costliest test files first, by the seconds each took in the
 # last measured run (tests/file_costs.json, written by `python bench/project_test_time.py --write-costs
-# tests/file_costs.json`). With `--dist loadfile` and `--no-loadscope-reorder` (set below) xdist hands files out
+# tests/file_costs.json`). With `--dist loadfile` and `--no-loadscope-reorder` (pytest_configure) xdist hands files out
 # in collection order, so a long file collected last would leave one worker running alone at the end; a file
 # not in the table counts as the median. The order within a file is kept; only the order between files changes.
 _COSTS = Path(__file__).resolve().parent / "tests" / "file_costs.json"
