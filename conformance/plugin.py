@@ -167,8 +167,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not conformance_items:
         return
     session = _session(config)
-    session.expect_rank_imports(rank_imports(dict.fromkeys(
-        c for item in conformance_items for c in required_capabilities(item) if session.descriptor.declares(c))))
+    session.expect_rank_imports(rank_imports(
+        c for item in conformance_items for c in required_capabilities(item) if session.descriptor.declares(c)))
     if not config.getoption("collectonly"):
         _launch_default_pool(session, conformance_items)
     pool_sizes = config.pluginmanager.get_plugin(RUN_PLUGIN).pool_sizes
