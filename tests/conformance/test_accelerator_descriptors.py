@@ -4,13 +4,14 @@ test that expects the backend to refuse (those pass on a backend that refuses)."
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from conformance.descriptors import load_descriptors
+from tests import forked_commands
 
 ACCELERATORS = ("cuda", "rocm", "xpu")
 
@@ -19,7 +20,7 @@ ACCELERATORS = ("cuda", "rocm", "xpu")
 def test_ids():
     exe = shutil.which("conformance")
     cmd = [exe] if exe else [sys.executable, "-m", "conformance.cli"]
-    result = subprocess.run(cmd + ["list", "--backend", "cpu"], capture_output=True, text=True, timeout=600)
+    result = forked_commands.run(cmd + ["list", "--backend", "cpu"], cwd=os.getcwd(), timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     listed = [line.split()[0] for line in result.stdout.splitlines() if "::" in line]
     # The listing ends with its count: a listing cut short must fail here, not as patterns matching no test.

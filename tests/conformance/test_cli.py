@@ -1,4 +1,5 @@
-"""The ``conformance`` command, run as a user would: installed entry point, from a temporary directory."""
+"""The ``conformance`` command, run as a user would: installed entry point, from a temporary directory
+(forked from a server that has imported torch, as a fresh one would run: tests/forked_commands.py)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import yaml
 
 from conformance.descriptors import packaged_backends_dir
 from conformance.report import validate_report
+from tests import forked_commands
 
 
 def conformance(*args, cwd):
     exe = shutil.which("conformance") or [sys.executable, "-m", "conformance.cli"]
     cmd = ([exe] if isinstance(exe, str) else exe) + list(args)
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return forked_commands.run(cmd, cwd=cwd, timeout=600)
 
 
 def test_run_end_to_end_from_a_temporary_directory(tmp_path):

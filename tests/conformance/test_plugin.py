@@ -289,6 +289,7 @@ def test_bad_options_fail_at_the_command_line(pytester, flag, value, expected):
     assert expected in result.stderr.str()
 
 
+@pytest.mark.fresh_interpreter  # a fork would have torch imported already
 def test_unrelated_tests_do_not_wake_the_plugin(pytester):
     pytester.makepyfile(test_plain='''
         import sys
