@@ -4,7 +4,6 @@ assuming the CPU reference's behaviour, and the device-index keys of precompile 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ from conformance.suites._evaluations import EVALUATIONS_AFTER_A_CRASH, evaluatio
 from conformance.suites._precompile_bodies import builder_ranks
 from conformance.suites._precompile_models import ModelSpec
 from conformance.suites.test_collectives import async_completion_problem
+from tests import forked_commands
 
 
 def test_is_completed_right_after_wait_is_required_only_where_wait_blocks_the_host():
@@ -55,10 +55,10 @@ def test_cpu_ranks_under_nccl_semantics_skip_tag_matching_and_expect_a_teardown(
     descriptor["semantics"] = {"p2p_tags": False, "collective_timeout": "aborts_process",
                                "sources": {"p2p_tags": "https://example.org/nccl-p2p"}}
     (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(descriptor))
-    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--backends-dir", str(tmp_path),
-                           "--suite", "p2p", "--suite", "process_groups", "--report", "r.json", "--",
-                           "-k", "test_isend_irecv_tags and 3 or test_missing_rank and skip"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = forked_commands.run([sys.executable, "-m", "conformance", "run", "--backends-dir", str(tmp_path),
+                                "--suite", "p2p", "--suite", "process_groups", "--report", "r.json", "--",
+                                "-k", "test_isend_irecv_tags and 3 or test_missing_rank and skip"],
+                               cwd=tmp_path, timeout=600)
     report = validate_report(json.loads((tmp_path / "r.json").read_text()))
     by_name = {t.nodeid.rsplit("::", 1)[1]: t for t in report.tests}
     assert sorted(by_name) == ["test_isend_irecv_tags[3]", "test_missing_rank[skip]"], done.stdout[-3000:]
