@@ -33,8 +33,18 @@ from relay.testing.loopback import LoopbackServer
 __all__ = ["FakeOidcIssuer", "new_rsa_key"]
 
 
+# The keys of issuers that have stopped, for later ones: a 2048-bit RSA key costs about 0.1 s of CPU to
+# generate, and the tests start hundreds of issuers. A key goes back here only when its issuer stops, so no two
+# live issuers (nor a key forged with ``new_rsa_key``, never given back) ever share one.
+_SPARE_KEYS: list[Any] = []
+
+
 def new_rsa_key():
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    """A 2048-bit RSA private key that no running issuer holds: a spare one, else a new one."""
+    try:
+        return _SPARE_KEYS.pop()
+    except IndexError:
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
 class FakeOidcIssuer(LoopbackServer):
@@ -60,6 +70,18 @@ class FakeOidcIssuer(LoopbackServer):
         self.keys[kid] = new_rsa_key()
         self.current_kid = kid
         return kid
+
+    def start(self):
+        if not self.keys:  # stopped before: its keys went to later issuers
+            self.rotate()
+        return super().start()
+
+    def stop(self) -> None:
+        running = self._server is not None
+        super().stop()
+        if running:  # its keys are no longer served or signed with: later issuers may have them
+            _SPARE_KEYS.extend(self.keys.values())
+            self.keys = {}
 
     def jwks(self) -> dict[str, Any]:
         keys = []
