@@ -105,10 +105,10 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | os.Pat
 
 def _target(argv: list[str]) -> tuple[str, str] | None:
     """("module", name) for ``python -m name``/``python -mname``, ("path", script) for a console script of
-    this interpreter; None for anything else."""
+    this interpreter; None for anything else (another environment's Python or script included)."""
     if not argv:
         return None
-    if os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+    if _is_this_python(argv[0]):
         if len(argv) >= 3 and argv[1] == "-m":
             return ("module", argv[2])
         if len(argv) >= 2 and argv[1].startswith("-m") and len(argv[1]) > 2:
@@ -119,10 +119,15 @@ def _target(argv: list[str]) -> tuple[str, str] | None:
             first_line = script.readline()
     except OSError:
         return None
-    if first_line.startswith(b"#!") and os.path.realpath(first_line[2:].strip().decode()) == os.path.realpath(
-            sys.executable):
+    if first_line.startswith(b"#!") and _is_this_python(first_line[2:].strip().decode(errors="replace")):
         return ("path", os.path.abspath(argv[0]))
     return None
+
+
+def _is_this_python(path: str) -> bool:
+    """The same interpreter in the same environment: every virtual environment's ``python`` links to one."""
+    return (os.path.dirname(os.path.abspath(path)) == os.path.dirname(os.path.abspath(sys.executable))
+            and os.path.realpath(path) == os.path.realpath(sys.executable))
 
 
 def _differs_at_start(env: dict[str, str]) -> bool:
@@ -262,7 +267,7 @@ def _become_command(request: dict[str, Any], stdout: int, stderr: int, base_path
         os.environ.update(env)
         os.chdir(request["cwd"])
         kind, name = request["target"]
-        first = os.getcwd() if kind == "module" else os.path.dirname(name)
+        first = os.getcwd() if kind == "module" else os.path.dirname(os.path.realpath(name))
         search_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [first, *search_path, *base_path]
         _forget_modules_outside_the_interpreter()

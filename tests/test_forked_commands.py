@@ -81,3 +81,19 @@ def test_anything_but_a_module_or_console_script_of_this_python_runs_fresh(tmp_p
     script.write_text("#!/bin/sh\necho $PPID\n")
     script.chmod(0o755)
     assert forked_commands.run([str(script)], cwd=tmp_path, timeout=60).stdout.strip() == str(os.getpid())
+
+
+def test_a_console_script_of_this_python_is_forked_and_another_environments_python_is_not(tmp_path):
+    script = tmp_path / "probe-script"
+    script.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_module('tests.command_probe', run_name='__main__')\n")
+    script.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    forked = forked_commands.run([str(script), "5"], env=env, cwd=tmp_path, timeout=60)
+    seen = json.loads(forked.stdout.splitlines()[0])
+    assert forked.returncode == 5 and seen["preloaded"] and seen["argv"] == [str(script), "5"]
+    assert seen["path"][:2] == [str(tmp_path), str(ROOT)]  # the script's folder first, as Python puts it
+    other = tmp_path / "other-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    done = forked_commands.run([str(other / "bin" / "python"), "-m", "tests.command_probe"], env=env, cwd=ROOT,
+                               timeout=60)
+    assert done.returncode == 0 and not json.loads(done.stdout.splitlines()[0])["preloaded"]
