@@ -6,8 +6,8 @@ each fresh one spends about 2 s of CPU importing torch before it does anything t
 process (an xdist worker) starts one server (``main``, a fresh interpreter) that imports ``torch`` and
 ``torch.distributed`` and forks a child per command. The child makes itself what the fresh command would be:
 its standard streams, environment, working directory and import path (``PYTHONPATH`` first, then the
-interpreter's own, not the server's), no module of the project or the tests imported, default signal
-handlers; then it runs the module (``python -m pytest``) or the console script (``conformance``) as
+interpreter's own, not the server's), no module of the project or the tests imported, Python's signal
+handlers, except that what the test process ignores stays ignored (as across an exec); then it runs the module (``python -m pytest``) or the console script (``conformance``) as
 ``__main__`` and exits with its code, after the interpreter's exit handlers.
 
 A command is run fresh instead (``popen(..., fresh=True)``, or by itself) when the fork could not be what a
@@ -79,8 +79,10 @@ def popen(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike, stdou
     target = None if fresh else _target(argv)
     if target is None or _differs_at_start(env) or not hasattr(os, "fork"):
         return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
-    return _SERVER.fork({"target": target, "argv": list(argv), "env": dict(env), "cwd": os.fspath(cwd)},
-                        [stdout, stderr])
+    # A signal ignored here stays ignored in a fresh command (exec keeps SIG_IGN; Python then leaves SIGINT alone).
+    ignored = [int(sig) for sig in signal.valid_signals() if signal.getsignal(sig) == signal.SIG_IGN]
+    return _SERVER.fork({"target": target, "argv": list(argv), "env": dict(env), "cwd": os.fspath(cwd),
+                         "ignored_signals": ignored}, [stdout, stderr])
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike, timeout: float,
@@ -262,6 +264,8 @@ def _become_command(request: dict[str, Any], stdout: int, stderr: int, base_path
             os.close(fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in request["ignored_signals"]:
+            signal.signal(sig, signal.SIG_IGN)
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)

@@ -25,9 +25,15 @@ def probe(*args: str, env: dict[str, str] | None = None, fresh: bool = False):
     return done, json.loads(done.stdout.splitlines()[0])
 
 
-def test_a_forked_command_sees_what_a_fresh_one_does():
-    forked, seen = probe("0")
-    fresh, seen_fresh = probe("0", fresh=True)
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_a_forked_command_sees_what_a_fresh_one_does(sigint):
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
+    try:
+        forked, seen = probe("0")
+        fresh, seen_fresh = probe("0", fresh=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen["sigint"] is (sigint == "handled")  # an ignored SIGINT stays ignored across exec
     assert seen["preloaded"] and not seen_fresh["preloaded"]  # the first was forked, the second was not
     assert seen["parent"] != os.getpid() and seen_fresh["parent"] == os.getpid()
     for key in ("argv", "cwd", "path", "marker", "project_modules", "main", "stdin", "sigint", "sigterm"):
