@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 
 preloaded = "torch" in sys.modules  # before anything here imports it: a fork of the server has it
 print(json.dumps({
@@ -19,6 +21,9 @@ print("to stderr", file=sys.stderr)
 atexit.register(lambda: print("exit handlers ran"))
 if len(sys.argv) > 1 and sys.argv[1] == "raise":
     raise RuntimeError("raised at the top level")
+if len(sys.argv) > 1 and sys.argv[1] == "thread":  # the interpreter waits for it before the exit handlers
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread ended", flush=True))).start()
+    sys.exit(0)
 if len(sys.argv) > 1 and sys.argv[1] == "hang":
     signal.pause()
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -288,7 +288,8 @@ def _become_command(request: dict[str, Any], stdout: int, stderr: int, base_path
         traceback.print_exc()
     finally:
         try:
-            atexit._run_exitfuncs()  # what the interpreter runs as it exits
+            threading._shutdown()  # what the interpreter does as it exits: join the threads that are not daemons,
+            atexit._run_exitfuncs()  # then run the exit handlers
             sys.stdout.flush()
             sys.stderr.flush()
         finally:

@@ -52,6 +52,13 @@ def test_a_forked_command_exits_as_a_fresh_one_would(args, code, stderr):
         assert done.returncode == code and stderr in done.stderr, (fresh, done)
 
 
+def test_a_forked_command_waits_for_its_threads_before_its_exit_handlers_as_a_fresh_one_does():
+    for fresh in (False, True):
+        done, seen = probe("thread", fresh=fresh)
+        assert seen["preloaded"] is not fresh
+        assert done.stdout.splitlines()[1:] == ["thread ended", "exit handlers ran"], (fresh, done.stdout)
+
+
 def test_a_forked_command_can_be_signalled_and_is_not_signalled_once_reaped(tmp_path):
     out = open(tmp_path / "out", "wb")
     process = forked_commands.popen([*PROBE, "hang"], env=dict(os.environ), cwd=ROOT, stdout=out.fileno(),
