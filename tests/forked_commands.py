@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -88,8 +89,6 @@ def popen(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike, stdou
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike, timeout: float,
         fresh: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True)``, through ``popen``."""
-    import tempfile
-
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = popen(argv, env=dict(os.environ) if env is None else env, cwd=cwd, stdout=out.fileno(),
                         stderr=err.fileno(), fresh=fresh)
