@@ -7,15 +7,16 @@ process (an xdist worker) starts one server (``main``, a fresh interpreter) that
 ``torch.distributed`` and forks a child per command. The child makes itself what the fresh command would be:
 its standard streams, environment, working directory and import path (``PYTHONPATH`` first, then the
 interpreter's own, not the server's), no module of the project or the tests imported, Python's signal
-handlers, except that what the test process ignores stays ignored (as across an exec); then it runs the module (``python -m pytest``) or the console script (``conformance``) as
-``__main__`` and exits with its code, after the interpreter's exit handlers.
+handlers, except that what the test process ignores stays ignored (as across an exec); then it runs the
+module (``python -m pytest``) or the console script (``conformance``) as ``__main__`` and exits with its code,
+after joining its threads and running its exit handlers, as the interpreter does.
 
 A command is run fresh instead (``popen(..., fresh=True)``, or by itself) when the fork could not be what a
 fresh interpreter is: an environment that differs from the server's in a variable torch or Python read as
 they started (``_READ_AT_START``), or that tags the processes for a test to find them by
-``/proc/<pid>/environ`` (a fork's is the server's), an argv that is not a Python module or console script, a
-platform without ``fork``. Tests that exist to prove a fresh process (one that must not import torch, one
-interrupted by signals) ask for one.
+``/proc/<pid>/environ`` (a fork's is the server's), an argv that is not this environment's Python with ``-m``
+or one of its console scripts, a platform without ``fork``. Tests that exist to prove a fresh process (one
+that must not import torch, say) ask for one.
 
 The fork machinery is the rank fork server's (``conformance.ranks.forkserver``): its exit-status pipes and
 its reaping; each child's status comes back through a pipe the server writes when it reaps it.
