@@ -18,17 +18,16 @@ they started (``_READ_AT_START``), or that tags the processes for a test to find
 or one of its console scripts, a platform without ``fork``. Tests that exist to prove a fresh process (one
 that must not import torch, say) ask for one.
 
-The fork machinery is the rank fork server's (``conformance.ranks.forkserver``): its exit-status pipes and
-its reaping; each child's status comes back through a pipe the server writes when it reaps it.
+The fork machinery is the rank fork server's (``conformance.ranks.forkserver``: ``ForkServer`` started with this
+module's ``main``, whose loop is ``serve_forks``): each child's exit status comes back through a pipe the
+server writes when it reaps it.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import runpy
-import select
 import signal
 import socket
 import subprocess
@@ -40,14 +39,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance.ranks.forkserver import ForkedRank, _recv_exactly, _reap
+from conformance.ranks.forkserver import ForkedRank, ForkServer, serve_forks
 
 __all__ = ["ForkedCommand", "popen", "run"]
 
 # Not ``-m``: runpy would import this module twice (as ``__main__`` and by name).
 _SERVER_MAIN = "import sys; from tests.forked_commands import main; sys.exit(main(int(sys.argv[1])))"
 _CHECKOUT = Path(__file__).resolve().parents[1]
-_LENGTH = 4
 # What torch, OpenMP and the interpreter read from the environment as they start (so the server's values
 # hold in every child): a command whose environment differs in one of these runs fresh.
 _READ_AT_START = ("TORCH", "PYTORCH", "CUDA", "HIP", "ROCM", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_",
@@ -143,12 +141,10 @@ def _differs_at_start(env: dict[str, str]) -> bool:
 
 
 class _Server:
-    """The test process's end: starts the server on first use and asks it for commands."""
+    """The test process's end: the server, started on first use in the environment of that first command."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
-        self._sock: socket.socket | None = None
+        self._forks = ForkServer(_SERVER_MAIN, cwd=_CHECKOUT)
         self._environment: dict[str, str] | None = None
 
     def environment(self) -> dict[str, str]:
@@ -159,47 +155,10 @@ class _Server:
         return self._environment
 
     def fork(self, request: dict[str, Any], fds: list[int]) -> ForkedCommand:
-        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        status_r, status_w = os.pipe()
-        try:
-            with self._lock:
-                sock = self._running()
-                socket.send_fds(sock, [len(data).to_bytes(_LENGTH, "big") + data], [*fds, status_w])
-                reply = _recv_exactly(sock, 4)
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
-        if reply is None:
-            os.close(status_r)
-            raise RuntimeError(f"the command fork server exited (exit code {self._process.wait(10)}); its output "
-                               "went to this process's stderr")
-        return ForkedCommand(int.from_bytes(reply, "big", signed=True), status_r)
-
-    def _running(self) -> socket.socket:
-        if self._process is not None and self._process.poll() is None:
-            return self._sock
-        self.close()
-        mine, theirs = socket.socketpair()
-        self._process = subprocess.Popen([sys.executable, "-c", _SERVER_MAIN, str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                         env=self.environment(), cwd=_CHECKOUT)
-        theirs.close()
-        self._sock = mine
-        return mine
+        return self._forks.fork(request, fds, self.environment(), child=ForkedCommand)
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()  # the server ends when its socket does
-            self._sock = None
-        if self._process is not None:
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            self._process = None
+        self._forks.close()  # the server ends when its socket does
 
 
 _SERVER = _Server()
@@ -221,38 +180,9 @@ def main(sock_fd: int) -> int:
     import torch.distributed  # noqa: F401
 
     gc.freeze()  # as the rank server does: what the children inherit stays out of their full collections
-    sock = socket.socket(fileno=sock_fd)
-    status_pipes: dict[int, int] = {}
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes the loop
-    while True:
-        readable = select.select([sock, wake_r], [], [])[0]
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-            _reap(status_pipes)
-        if sock not in readable:
-            continue
-        data, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH, 3)
-        if not data:  # the test process is gone or done
-            return 0
-        rest = _recv_exactly(sock, int.from_bytes(data, "big"))
-        if rest is None or len(fds) != 3:
-            return 1
-        request, (stdout, stderr, status_w) = pickle.loads(rest), fds
-        pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (sock.detach(), wake_r, wake_w, status_w, *status_pipes.values()):
-                os.close(fd)
-            _become_command(request, stdout, stderr, base_path)  # never returns
-        os.close(stdout)
-        os.close(stderr)
-        status_pipes[pid] = status_w
-        sock.sendall(pid.to_bytes(4, "big", signed=True))
-        _reap(status_pipes)
+    serve_forks(socket.socket(fileno=sock_fd), 2,
+                lambda request, fds: _become_command(request, fds[0], fds[1], base_path))
+    return 0
 
 
 def _become_command(request: dict[str, Any], stdout: int, stderr: int, base_path: list[str]) -> None:

@@ -120,25 +120,36 @@ class ForkedServer:
 
 
 class ForkServer:
-    """The controller's end: starts the server (``fork_here``, or fresh on first use) and asks it for ranks."""
+    """The controller's end: starts the server (``fork_here``, or fresh on first use) and asks it for ranks.
 
-    def __init__(self) -> None:
+    ``server_main`` (Python source run with ``-c`` and the socket's descriptor as its argument) and ``cwd`` say
+    how a fresh server starts: the project's tests start one of their own this way (tests/forked_commands.py)."""
+
+    def __init__(self, server_main: str = "", cwd: str | os.PathLike | None = None) -> None:
         self._lock = threading.Lock()
         self._server: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        self._server_main = server_main or _SERVER_MAIN
+        self._cwd = cwd
 
     def fork_rank(self, config: dict, channel_fd: int, log_path: str, env: dict[str, str],
                   imports: tuple[str, ...] = ()) -> ForkedRank:
         """A rank running ``worker.run(config)`` with ``channel_fd`` as its channel and its output in
         ``log_path``, in ``env`` (its PYTHONPATH leading the import path) and the current working directory;
         the server first imports what of ``imports`` it has not (``_import_for_ranks``)."""
-        request = pickle.dumps({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd(),
-                                "imports": list(imports)}, protocol=pickle.HIGHEST_PROTOCOL)
+        return self.fork({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd(),
+                          "imports": list(imports)}, [channel_fd], env)
+
+    def fork(self, request: dict[str, Any], fds: list[int], env: dict[str, str], child=None):
+        """Send ``request`` with ``fds`` (the server closes its copies once it has forked) and a status pipe;
+        the child's pid and that pipe's end come back as a ``child`` (``ForkedRank`` or a subclass). A server
+        started now starts in ``env``."""
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         status_r, status_w = os.pipe()
         try:
             with self._lock:
                 sock = self._running(env)
-                socket.send_fds(sock, [_LENGTH.pack(len(request)) + request], [channel_fd, status_w])
+                socket.send_fds(sock, [_LENGTH.pack(len(data)) + data], [*fds, status_w])
                 reply = _recv_exactly(sock, _STATUS.size)
         except BaseException:
             os.close(status_r)
@@ -147,9 +158,9 @@ class ForkServer:
             os.close(status_w)
         if reply is None:
             os.close(status_r)
-            raise RuntimeError(f"the rank fork server exited (exit code {self._server.wait(timeout=10)}); its "
+            raise RuntimeError(f"the fork server exited (exit code {self._server.wait(timeout=10)}); its "
                                "output went to the controller's stderr")
-        return ForkedRank(_STATUS.unpack(reply)[0], status_r)
+        return (child or ForkedRank)(_STATUS.unpack(reply)[0], status_r)
 
     def fork_here(self) -> bool:
         """Start the server now as a fork of this process, if it is fit to be copied (``unfit_to_fork``);
@@ -191,8 +202,9 @@ class ForkServer:
         mine, theirs = socket.socketpair()
         # The server's own environment is the first pool's (what torch reads as it imports); each rank then
         # sets its own.
-        self._server = subprocess.Popen([sys.executable, "-c", _SERVER_MAIN, str(theirs.fileno())],
-                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        self._server = subprocess.Popen([sys.executable, "-c", self._server_main, str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                        cwd=self._cwd)
         theirs.close()
         self._sock = mine
         return mine
@@ -312,6 +324,15 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:
 # -- the server ------------------------------------------------------------------------------------
 
 def _serve(sock: socket.socket) -> None:
+    serve_forks(sock, 1, lambda request, fds: _become_rank(request, fds[0]),
+                before_fork=lambda request: _import_for_ranks(request.get("imports", ()), request["env"]))
+
+
+def serve_forks(sock: socket.socket, fd_count: int, become, before_fork=None) -> None:
+    """The server's loop: for each request (with ``fd_count`` descriptors and a status pipe), ``before_fork(request)``
+    here, then a fork that runs ``become(request, fds)`` (it must never return) while this process answers the
+    child's pid, closes its copies of the descriptors and, when it reaps the child, writes its exit status to the
+    pipe. Returns when the controller closes the socket."""
     status_pipes: dict[int, int] = {}  # pid -> the write end of its status pipe
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -323,11 +344,12 @@ def _serve(sock: socket.socket) -> None:
             os.read(wake_r, 4096)
             _reap(status_pipes)
         if sock in readable:
-            header = _recv_exactly_with_fds(sock)
-            if header is None:  # the controller is gone or done: so are we, and our ranks with us
+            received = _recv_exactly_with_fds(sock, fd_count + 1)
+            if received is None:  # the controller is gone or done: so are we, and our children with us
                 return
-            request, (channel_fd, status_w) = header
-            _import_for_ranks(request.get("imports", ()), request["env"])
+            request, (*fds, status_w) = received
+            if before_fork is not None:
+                before_fork(request)
             pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
@@ -338,19 +360,20 @@ def _serve(sock: socket.socket) -> None:
                 for fd in status_pipes.values():
                     os.close(fd)
                 os.close(status_w)
-                _become_rank(request, channel_fd)  # never returns
-            os.close(channel_fd)
+                become(request, fds)  # never returns
+            for fd in fds:
+                os.close(fd)
             status_pipes[pid] = status_w
             sock.sendall(_STATUS.pack(pid))
             _reap(status_pipes)
 
 
-def _recv_exactly_with_fds(sock: socket.socket) -> tuple[dict, list[int]] | None:
-    data, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, 2)
+def _recv_exactly_with_fds(sock: socket.socket, fd_count: int) -> tuple[dict, list[int]] | None:
+    data, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, fd_count)
     if not data:
         return None
     rest = _recv_exactly(sock, _LENGTH.unpack(data)[0])
-    if rest is None or len(fds) != 2:
+    if rest is None or len(fds) != fd_count:
         return None
     return pickle.loads(rest), fds
 
