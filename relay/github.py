@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import functools
 import threading
 import time
 from collections.abc import Collection
@@ -136,9 +137,11 @@ def _message(response: requests.Response) -> str:
     return str(body)[:300]
 
 
+@functools.lru_cache(maxsize=8)
 def _app_key(private_key_pem: str | bytes) -> rsa.RSAPrivateKey:
     """The App's private key, parsed and checked once (a key that cannot sign fails here, at start-up,
-    rather than at the first dispatch)."""
+    rather than at the first dispatch). Checking an RSA key tests its primes, tens of milliseconds: a
+    process that builds several clients of one App (the relay's tests start hundreds) does it once."""
     pem = private_key_pem.encode() if isinstance(private_key_pem, str) else private_key_pem
     try:
         key = serialization.load_pem_private_key(pem, password=None)
