@@ -42,8 +42,13 @@ class _Server(ThreadingHTTPServer):
         super().server_activate()
         self._stopping = threading.Event()
         self._wake_reader, self._wake_writer = socket.socketpair()
+        self._thread: threading.Thread | None = None
 
-    def serve_until_stopped(self) -> None:
+    def start_serving(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._serve_until_stopped, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve_until_stopped(self) -> None:
         with selectors.DefaultSelector() as selector:
             selector.register(self, selectors.EVENT_READ)
             selector.register(self._wake_reader, selectors.EVENT_READ)
@@ -53,10 +58,12 @@ class _Server(ThreadingHTTPServer):
                         self._handle_request_noblock()
                 self.service_actions()
 
-    def stop_serving(self, thread: threading.Thread) -> None:
+    def stop_serving(self) -> None:
+        """End the loop and wait for it (requests being handled go on in their own threads)."""
         self._stopping.set()
         self._wake_writer.send(b"\0")
-        thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def server_close(self) -> None:
         super().server_close()
@@ -68,22 +75,20 @@ class LoopbackServer:
     """Base of the fakes: ``start()``, ``stop()``, ``url``, and use as a context manager."""
 
     _server: _Server | None = None
-    _thread: threading.Thread | None = None
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         raise NotImplementedError
 
     def start(self):
         self._server = _Server(("127.0.0.1", 0), self.handler())
-        self._thread = threading.Thread(target=self._server.serve_until_stopped, name=type(self).__name__, daemon=True)
-        self._thread.start()
+        self._server.start_serving(type(self).__name__)
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.stop_serving(self._thread)
+            self._server.stop_serving()
             self._server.server_close()
-            self._server = self._thread = None
+            self._server = None
 
     def __enter__(self):
         return self.start()
