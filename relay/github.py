@@ -141,7 +141,7 @@ def _message(response: requests.Response) -> str:
 def _app_key(private_key_pem: str | bytes) -> rsa.RSAPrivateKey:
     """The App's private key, parsed and checked once (a key that cannot sign fails here, at start-up,
     rather than at the first dispatch). Checking an RSA key tests its primes, tens of milliseconds: a
-    process that builds several clients of one App (the relay's tests start hundreds) does it once."""
+    process that builds several clients of one App (the relay's tests build many) does it once."""
     pem = private_key_pem.encode() if isinstance(private_key_pem, str) else private_key_pem
     try:
         key = serialization.load_pem_private_key(pem, password=None)
