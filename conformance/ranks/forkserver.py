@@ -125,11 +125,11 @@ class ForkServer:
     ``server_main`` (Python source run with ``-c`` and the socket's descriptor as its argument) and ``cwd`` say
     how a fresh server starts: the project's tests start one of their own this way (tests/forked_commands.py)."""
 
-    def __init__(self, server_main: str = "", cwd: str | os.PathLike | None = None) -> None:
+    def __init__(self, server_main: str = _SERVER_MAIN, cwd: str | os.PathLike | None = None) -> None:
         self._lock = threading.Lock()
         self._server: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
-        self._server_main = server_main or _SERVER_MAIN
+        self._server_main = server_main
         self._cwd = cwd
 
     def fork_rank(self, config: dict, channel_fd: int, log_path: str, env: dict[str, str],
@@ -140,7 +140,8 @@ class ForkServer:
         return self.fork({"config": config, "log_path": log_path, "env": env, "cwd": os.getcwd(),
                           "imports": list(imports)}, [channel_fd], env)
 
-    def fork(self, request: dict[str, Any], fds: list[int], env: dict[str, str], child=None):
+    def fork(self, request: dict[str, Any], fds: list[int], env: dict[str, str],
+             child: type[ForkedRank] = ForkedRank) -> ForkedRank:
         """Send ``request`` with ``fds`` (the server closes its copies once it has forked) and a status pipe;
         the child's pid and that pipe's end come back as a ``child`` (``ForkedRank`` or a subclass). A server
         started now starts in ``env``."""
@@ -160,7 +161,7 @@ class ForkServer:
             os.close(status_r)
             raise RuntimeError(f"the fork server exited (exit code {self._server.wait(timeout=10)}); its "
                                "output went to the controller's stderr")
-        return (child or ForkedRank)(_STATUS.unpack(reply)[0], status_r)
+        return child(_STATUS.unpack(reply)[0], status_r)
 
     def fork_here(self) -> bool:
         """Start the server now as a fork of this process, if it is fit to be copied (``unfit_to_fork``);
