@@ -51,9 +51,10 @@ UPSTREAM = "pytorch/pytorch"
 CHECKOUT = Path(__file__).resolve().parents[2]  # an editable install's checkout: the reusable workflow and stand-ins
 STANDINS = {"actions/checkout": "workflows/act/checkout", "actions/cache": "workflows/act/cache"}
 # The trial's torch-install when the caller has none: the torch of this environment (on the job's
-# PYTHONPATH, see offline_job_env) stays, and the job's log says which it is.
-KEEP_INSTALLED_TORCH = ('python -c "import torch; print(\'keeping the installed torch\', torch.__version__, '
-                        '\'built from\', torch.version.git_version)"')
+# PYTHONPATH, see offline_job_env) stays, and the job's log says which version it is, from its metadata:
+# the next step (check-torch) imports it and prints the commit it was built from.
+KEEP_INSTALLED_TORCH = ('python -c "import importlib.metadata as m; '
+                        'print(\'keeping the installed torch\', m.version(\'torch\'))"')
 
 
 def offline_job_env(repo_root: Path) -> dict[str, str]:
