@@ -79,6 +79,7 @@ _SEARCHED = (ROOT, ROOT / "relay", ROOT / "conformance", ROOT / "tests")
 _OUTSIDE_THIS_TREE = {
     "torch/distributed/tensor/_nonlinear_redux.py": "torch's own source (known-bugs.md)",
     "torch/export/pt2_archive/_package.py": "torch's own source, where an AOTInductor call hung (benchmarks.md)",
+    "torch/version.py": "torch's own file, where the end-to-end tests read its commit (benchmarks.md)",
     "backends/privateuse1.yaml": "an out-of-tree backend's descriptor, in its repository (onboarding.md, suite-authors.md)",
     "owner/repo/.github/workflows/file.yml": "the form of an OIDC token's workflow reference (relay-security.md)",
     "ci/cuda.yaml": "a backend repository's own file (trust-levels.md)",
