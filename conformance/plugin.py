@@ -304,14 +304,17 @@ class Ranks:
 
     def run(self, fn, *args, **kwargs) -> list:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; results in rank order."""
+        __tracebackhide__ = True  # noqa: F841 - out of a failure's traceback (see RankPool.run)
         pool = self.pool
         return self._run_on(pool, pool.timeout, fn, args, kwargs)
 
     def run_with_timeout(self, timeout: float, fn, *args, **kwargs) -> list:
+        __tracebackhide__ = True  # noqa: F841 - see run
         return self._run_on(self.pool, timeout, fn, args, kwargs)
 
     @staticmethod
     def _run_on(pool, timeout: float, fn, args: tuple, kwargs: dict) -> list:
+        __tracebackhide__ = True  # noqa: F841 - see run
         lost = getattr(pool, "lost", None)
         if lost:  # a launcher's world that lost a process: nothing can run until it is relaunched
             pytest.skip(lost)

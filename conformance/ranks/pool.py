@@ -272,9 +272,14 @@ class RankPool:
         ``fn(ctx, *args, **kwargs)`` runs on every rank, ``ctx`` being its ``RankContext``. Tensors in
         results come back on CPU. Raises ``RankError`` (or ``RankTimeout``/``RankCrashed``).
         """
+        # pytest leaves frames that set this out of a failure's traceback: the test's own call is what to
+        # read (the ranks' tracebacks are in the error's message), and each frame shown costs a parse of
+        # its file.
+        __tracebackhide__ = True  # noqa: F841
         return self.run_with_timeout(self.timeout, fn, *args, **kwargs)
 
     def run_with_timeout(self, timeout: float, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+        __tracebackhide__ = True  # noqa: F841 - see run
         module, qualname, path = _describe(fn)
         self.start()
         self.calls += 1
@@ -293,6 +298,7 @@ class RankPool:
         some raised and others did not answer (stuck in a collective) -> respawn, ``RankError``; some
         raised and all answered -> fresh process group, ``RankError``.
         """
+        __tracebackhide__ = True  # noqa: F841 - see run
         errors = [self._as_remote_error(r, reply) for r, reply in sorted(replies.items())
                   if reply[0] != protocol.RESULT]
         missing = [r for r in range(self.world_size) if r not in replies]

@@ -286,4 +286,5 @@ def packed(fn):
 
 def run_packed(ranks, fn, *args, **kwargs) -> list:
     """``ranks.run`` for a ``packed`` rank function: results with their tensors restored."""
+    __tracebackhide__ = True  # noqa: F841 - a failure's traceback ends at the suite's call
     return unpack(ranks.run(fn, *args, **kwargs))
