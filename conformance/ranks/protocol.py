@@ -16,8 +16,10 @@ the whole message was read first.
 from __future__ import annotations
 
 import enum
+import io
 import pickle
 import signal
+import sys
 
 # controller -> rank
 CALL = "call"
@@ -46,7 +48,43 @@ RANK_GONE = Marker.RANK_GONE
 
 def encode(name: str, **kwargs) -> bytes:
     """A message as the bytes ``send`` sends (for one message to many ranks, pickled once)."""
-    return pickle.dumps((name, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump((name, kwargs))
+    return out.getvalue()
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles a plain dense CPU tensor as its dtype, shape and bytes (``_tensor_from_bytes``): torch's own
+    reduction saves and loads every storage with ``torch.save``/``torch.load``, about 0.1 ms each way per
+    small tensor against 0.007 ms, and the DTensor matrices send thousands. Any other tensor (a view into
+    a larger storage, non-contiguous, requiring grad, named, quantized, conjugated, a subclass, on another
+    device) keeps torch's reduction, which preserves what this form would not."""
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is None or type(obj) is not torch.Tensor:
+            return NotImplemented
+        try:
+            plain = (obj.layout == torch.strided and obj.device.type == "cpu" and not obj.requires_grad
+                     and obj.is_contiguous() and obj.storage_offset() == 0
+                     and obj.untyped_storage().nbytes() == obj.numel() * obj.element_size()
+                     and not (obj.is_quantized or obj.is_conj() or obj.is_neg())
+                     and not any(getattr(obj, "names", None) or ()))  # named tensors, where torch has them
+            if not plain:
+                return NotImplemented
+            raw = obj.reshape(-1).view(torch.uint8).numpy().tobytes()
+        except (RuntimeError, TypeError):  # e.g. torch built without numpy: torch's reduction
+            return NotImplemented
+        return _tensor_from_bytes, (str(obj.dtype).removeprefix("torch."), tuple(obj.shape), raw)
+
+
+def _tensor_from_bytes(dtype: str, shape: tuple, raw: bytes):
+    """The tensor ``_Pickler`` sent: ``shape`` of ``dtype``, from its bytes (writable, its own memory)."""
+    import torch
+
+    if not raw:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
 
 
 def send(conn, name: str, **kwargs) -> None:
