@@ -79,11 +79,12 @@ class _Pickler(pickle.Pickler):
 
 
 def _tensor_from_bytes(dtype: str, shape: tuple, raw: bytes):
-    """The tensor ``_Pickler`` sent: ``shape`` of ``dtype``, from its bytes (writable, its own memory)."""
+    """The tensor ``_Pickler`` sent: ``shape`` of ``dtype``, from its bytes (writable, its own memory), on
+    the CPU whatever the default device (a rank's is ``meta`` outside its functions)."""
     import torch
 
     if not raw:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
+        return torch.empty(shape, dtype=getattr(torch, dtype), device="cpu")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
 
 

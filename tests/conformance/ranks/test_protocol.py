@@ -69,6 +69,14 @@ def test_any_other_tensor_keeps_torchs_reduction(name):
     _assert_same(got, sent)
 
 
+@pytest.mark.parametrize("name", list(_cases()))
+def test_a_tensor_arrives_on_the_cpu_whatever_the_default_device(name):
+    sent = _cases()[name]
+    with torch.device("meta"):  # as on a rank, outside its functions
+        _, got = _round_trip(sent)
+    _assert_same(got, sent)
+
+
 def test_a_parameter_arrives_as_a_parameter():
     sent = torch.nn.Parameter(torch.ones(2, device="cpu"))
     _, got = _round_trip(sent)
