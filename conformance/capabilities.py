@@ -7,9 +7,14 @@ skip reason of every test that needs it.
 
 The probes that touch a device (``DEVICE_PROBES``: an allocation, a kernel) run where the ranks run,
 with the ranks' settings (their device, their symmetric-memory backend): each rank runs
-``device_probes`` as it starts and its controller reads rank 0's answer. A controller never opens a
+``probes_on_rank`` as it starts and its controller reads rank 0's answer. A controller never opens a
 device context itself (under torchrun, 8 controllers would each open one on device 0, and the
 symmetric-memory probe would allocate with torch's default backend, not the ranks').
+
+The probes that only import (DTensor, Dynamo) run on rank 0 too when its ranks import those modules anyway
+(``rank_probed``: the selected tests need them): there they cost nothing, while each controller (every xdist
+worker, every launcher process under torchrun) would pay about a second and a half of CPU to import them for a
+yes. A controller whose ranks do not answer one probes it itself.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conformance.descriptors import BackendDescriptor
 
-__all__ = ["DEVICE_PROBES", "RANK_IMPORTS", "CapabilityReport", "Probe", "device_probes", "probe_capabilities",
-           "rank_imports"]
+__all__ = ["DEVICE_PROBES", "RANK_IMPORTS", "CapabilityReport", "Probe", "probe_capabilities", "probes_on_rank",
+           "rank_imports", "rank_probed"]
 
 # Probed on a rank (see the module docstring); the others read only torch's Python and build.
 DEVICE_PROBES = ("symmetric_memory", "bf16")
@@ -45,8 +50,16 @@ def rank_imports(capabilities) -> tuple[str, ...]:
     return tuple(dict.fromkeys(module for capability in capabilities for module in RANK_IMPORTS.get(capability, ())))
 
 
+def rank_probed(imported) -> tuple[str, ...]:
+    """The capabilities besides ``DEVICE_PROBES`` that rank 0 probes for its controller, given the modules its
+    ranks import anyway (``imported``, from ``rank_imports``): those whose every ``RANK_IMPORTS`` module is
+    among them."""
+    imported = set(imported)
+    return tuple(c for c, modules in RANK_IMPORTS.items() if imported.issuperset(modules))
+
+
 def _capabilities() -> tuple[str, ...]:
-    # Imported here, not at the top: a rank imports this module for ``device_probes`` alone, and the
+    # Imported here, not at the top: a rank imports this module for ``probes_on_rank`` alone, and the
     # descriptor schema (pydantic, yaml) would add a noticeable part of a second to every rank's start.
     from conformance.descriptors import CAPABILITIES
 
@@ -65,25 +78,35 @@ class _LazyProbes(Mapping):
     selected tests need (``dtensor`` and ``compile`` import seconds of torch that a collectives run
     never uses)."""
 
-    def __init__(self, descriptor: BackendDescriptor, on_ranks=None):
+    def __init__(self, descriptor: BackendDescriptor, on_ranks=None, rank_probed=tuple):
         self._descriptor = descriptor
         self._on_ranks = on_ranks
+        self._rank_probed = rank_probed
         self._done: dict[str, Probe] = {}
 
     def __getitem__(self, capability: str) -> Probe:
         if capability not in self._done:
             if capability not in _PROBES:
                 raise KeyError(capability)
-            if capability in DEVICE_PROBES and self._on_ranks is not None:
+            if self._on_ranks is not None and capability in DEVICE_PROBES:
                 self._done[capability] = self._from_ranks(capability)
+            elif self._on_ranks is not None and capability in self._rank_probed():
+                self._done[capability] = self._from_ranks(capability, or_here=True)
             else:
                 self._done[capability] = _PROBES[capability](self._descriptor, self)
         return self._done[capability]
 
-    def _from_ranks(self, capability: str) -> Probe:
+    def _from_ranks(self, capability: str, or_here: bool = False) -> Probe:
+        """Rank 0's answer. ``or_here``: a probe that touches no device, run here when the ranks did not
+        answer it (they started before the selected tests were known, or could not start)."""
         try:
-            available, reason = self._on_ranks()[capability]
-        except Exception as exc:  # noqa: BLE001 - the ranks could not start: nothing was probed
+            answers = self._on_ranks()
+            if or_here and capability not in answers:
+                return _PROBES[capability](self._descriptor, self)
+            available, reason = answers[capability]
+        except Exception as exc:  # noqa: BLE001 - the ranks could not start: nothing was probed there
+            if or_here:
+                return _PROBES[capability](self._descriptor, self)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             return Probe(capability, False, f"not probed: the ranks did not start ({first})")
         return Probe(capability, available, reason)
@@ -112,11 +135,12 @@ class CapabilityReport:
 
     descriptor: BackendDescriptor
     probes: Mapping[str, Probe] = None  # type: ignore[assignment]
-    on_ranks: object = None  # () -> {capability: (available, reason)} of DEVICE_PROBES, as a rank found them
+    on_ranks: object = None  # () -> {capability: (available, reason)}, as rank 0 found them
+    rank_probed: object = tuple  # () -> the capabilities besides DEVICE_PROBES to ask the ranks (``rank_probed``)
 
     def __post_init__(self) -> None:
         if self.probes is None:
-            self.probes = _LazyProbes(self.descriptor, self.on_ranks)
+            self.probes = _LazyProbes(self.descriptor, self.on_ranks, self.rank_probed)
 
     def usable(self, capability: str) -> tuple[bool, str]:
         """(True, "") when declared and probed; else (False, why) naming the descriptor or the probe."""
@@ -299,13 +323,25 @@ _PROBES = {
 }
 
 
-def device_probes(device) -> dict[str, tuple[bool, str]]:
-    """On a rank, with its device selected: ``{capability: (available, reason)}`` for ``DEVICE_PROBES``."""
+@dataclass(frozen=True)
+class _OnRank:
+    """What the probes read of a descriptor, as a rank knows it (the rank has no descriptor object)."""
+
+    device_type: str
+    distributed_backend: str
+
+
+def probes_on_rank(device, distributed_backend: str, also=()) -> dict[str, tuple[bool, str]]:
+    """On a rank, with its device selected: ``{capability: (available, reason)}`` for ``DEVICE_PROBES`` and
+    for the capabilities in ``also`` (``rank_probed``: what this rank has imported anyway)."""
     probes = {"symmetric_memory": _probe_symmetric_memory(device), "bf16": _probe_bf16(device)}
+    here = _LazyProbes(_OnRank(device.type, distributed_backend))
+    probes.update((capability, here[capability]) for capability in also)
     return {name: (probe.available, probe.reason) for name, probe in probes.items()}
 
 
-def probe_capabilities(descriptor: BackendDescriptor, on_ranks=None) -> CapabilityReport:
-    """probe_capabilities(descriptor, on_ranks=None) -> CapabilityReport whose probes run when first read:
-    ``DEVICE_PROBES`` on the ranks (``on_ranks()`` gives their answers), or in this process without it."""
-    return CapabilityReport(descriptor, on_ranks=on_ranks)
+def probe_capabilities(descriptor: BackendDescriptor, on_ranks=None, rank_probed=tuple) -> CapabilityReport:
+    """probe_capabilities(descriptor, on_ranks=None, rank_probed=tuple) -> CapabilityReport whose probes run
+    when first read: ``DEVICE_PROBES`` and those ``rank_probed()`` names on the ranks (``on_ranks()`` gives
+    rank 0's answers), the rest (all of them without ``on_ranks``) in this process."""
+    return CapabilityReport(descriptor, on_ranks=on_ranks, rank_probed=rank_probed)

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from conformance.capabilities import CapabilityReport, probe_capabilities
+from conformance.capabilities import CapabilityReport, probe_capabilities, rank_probed
 from conformance.descriptors import BackendDescriptor, DescriptorError, load_descriptors
 from conformance.detect import absent_accelerator_note, resolve_backend
 from conformance.report import (BackendInfo, CapabilityStatus, ConformanceReport, HostInfo, RankOutcome,
@@ -87,9 +87,12 @@ class ConformanceSession:
         descriptors = load_descriptors(options.backends_dir)
         descriptor = resolve_backend(options.backend, descriptors)
         fork_server_here(descriptor.device_type)  # before this process starts a thread (the stores, the probes)
-        # The device-touching probes run on the ranks of the default pool (this process touches no device).
-        on_ranks = [None]
-        capabilities = probe_capabilities(descriptor, on_ranks=lambda: on_ranks[0]())
+        # The device-touching probes run on the ranks of the default pool (this process touches no device), and
+        # so do those of what the selected tests' ranks import anyway (``expect_rank_imports``).
+        made: list[ConformanceSession] = []  # the session, once made: the probes run after this method
+        capabilities = probe_capabilities(
+            descriptor, on_ranks=lambda: made[0].pool(made[0].world_size).probed_on_ranks(),
+            rank_probed=lambda: rank_probed(made[0].rank_imports))
         launcher = LauncherWorld.from_env()
         if launcher is not None:
             if options.world_size and options.world_size != launcher.world_size:
@@ -110,7 +113,7 @@ class ConformanceSession:
             note += f", so it runs {descriptor.name} over {descriptor.distributed_backend}"
         session = cls(options=options, descriptor=descriptor, capabilities=capabilities, world_size=world_size,
                       available_ranks=available, launcher=launcher, detection_note=note)
-        on_ranks[0] = lambda: session.pool(session.world_size).probed_on_ranks()
+        made.append(session)
         return session
 
     # -- pools ------------------------------------------------------------------------------------

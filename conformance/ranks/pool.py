@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from conformance.capabilities import rank_probed
 from conformance.ranks import protocol
 from conformance.ranks.process import RankProcess, default_start_method
 
@@ -175,14 +176,16 @@ class RankPool:
 
     def _rank_config(self, rank: int, *, world_size: int, store_host: str, store_port: int, **extra: Any) -> dict:
         """What rank ``rank`` of this start is told (``worker.run`` reads it): the pool's settings, the store
-        it meets its peers at, whether it probes its device, and ``extra`` (a launcher's keys)."""
+        it meets its peers at, whether it probes its device and which other capabilities (those of the
+        modules it imports anyway: ``capabilities.rank_probed``), and ``extra`` (a launcher's keys)."""
+        describe = self.describes_device(rank)
         return {
             "rank": rank, "world_size": world_size, "store_host": store_host, "store_port": store_port,
             "backend": self.backend, "device_type": self.device_type, "descriptor": self.descriptor,
             "setup_modules": list(self.setup_modules), "shared_dir": str(self.shared_dir),
             "generation": self.generation, "timeout": self.timeout, "startup_timeout": self.startup_timeout,
             "default_device": self.default_device, "symmetric_memory_backend": self.symmetric_memory_backend,
-            "describe": self.describes_device(rank), **extra,
+            "describe": describe, "probe": list(rank_probed(self.rank_imports)) if describe else [], **extra,
         }
 
     def describes_device(self, rank: int) -> bool:

@@ -135,10 +135,11 @@ class Rank:
 
     def describe_device(self) -> dict:
         """What the controller must not find out itself (it never touches a device): this rank's device
-        name and the device-touching capability probes, run here with the rank's own settings."""
+        name and the device-touching capability probes, run here with the rank's own settings; and the
+        probes of what this rank has imported anyway (``config["probe"]``), which the controller need not."""
         import torch
 
-        from conformance.capabilities import device_probes
+        from conformance.capabilities import probes_on_rank
 
         device = self.ctx.device
         name = None
@@ -148,7 +149,7 @@ class Rank:
                     else torch.cuda.get_device_name(device.index)
             except Exception:  # noqa: BLE001 - a device without a name: reported as unknown
                 name = None
-        return {"device_name": name, "probes": device_probes(device)}
+        return {"device_name": name, "probes": probes_on_rank(device, self.ctx.backend, self.config.get("probe", ()))}
 
     def init_group(self, generation: int) -> None:
         import torch.distributed as dist
