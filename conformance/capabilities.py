@@ -336,7 +336,11 @@ def probes_on_rank(device, distributed_backend: str, also=()) -> dict[str, tuple
     for the capabilities in ``also`` (``rank_probed``: what this rank has imported anyway)."""
     probes = {"symmetric_memory": _probe_symmetric_memory(device), "bf16": _probe_bf16(device)}
     here = _LazyProbes(_OnRank(device.type, distributed_backend))
-    probes.update((capability, here[capability]) for capability in also)
+    for capability in also:
+        try:
+            probes[capability] = here[capability]
+        except Exception:  # noqa: BLE001 - not answered: the controller probes it, as it would have, not the rank's start
+            pass
     return {name: (probe.available, probe.reason) for name, probe in probes.items()}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conformance.capabilities import rank_imports, rank_probed
+from conformance.capabilities import probes_on_rank, rank_imports, rank_probed
 from conformance.descriptors import packaged_backends_dir
 from conformance.session import ConformanceSession, RunOptions
 
@@ -39,6 +39,22 @@ def test_rank_0_probes_what_its_ranks_import_anyway():
     assert rank_probed(rank_imports(["dtensor"])) == ("dtensor", "parallelisms")
     assert rank_probed(rank_imports(["compile"])) == ("compile", "aot_compile")
     assert rank_probed(rank_imports(["collectives", "bf16"])) == ()
+
+
+def test_a_rank_answers_the_probes_it_is_asked_and_leaves_one_that_raises_to_its_controller(monkeypatch):
+    import torch
+
+    from conformance import capabilities
+
+    answers = probes_on_rank(torch.device("cpu"), "gloo", ["collectives", "dtensor"])
+    assert answers["dtensor"] == (True, "") and answers["collectives"] == (True, "")
+    assert answers["symmetric_memory"][0] is False and answers["bf16"] == (True, "")
+
+    def broken(descriptor):
+        raise RuntimeError("a probe that raises")
+
+    monkeypatch.setattr(capabilities, "_probe_dtensor", broken)
+    assert sorted(probes_on_rank(torch.device("cpu"), "gloo", ["dtensor"])) == ["bf16", "symmetric_memory"]
 
 
 def test_the_import_probes_run_on_rank_0_when_its_ranks_import_dtensor_and_dynamo(patched_backends):
