@@ -39,8 +39,9 @@ def seeded(sqlite_url, results_relay):  # noqa: F811
     return relay
 
 
-@pytest.fixture
-def page():
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium (and one Playwright driver) for the module: starting both costs about a second of CPU."""
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
@@ -48,12 +49,19 @@ def page():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        tab = browser.new_page(viewport={"width": 1280, "height": 900})
-        dialogs = []
-        tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        tab.dialogs = dialogs
-        yield tab
+        yield browser
         browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A tab in a browser context of its own (no cookies, storage or cache from another test), closed with it."""
+    tab = browser.new_page(viewport={"width": 1280, "height": 900})
+    dialogs = []
+    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    tab.dialogs = dialogs
+    yield tab
+    tab.close()
 
 
 def visit(page, url: str, shot: str):
