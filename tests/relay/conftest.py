@@ -1,5 +1,6 @@
 """Fixtures of the relay's tests: a fresh database per test (SQLite and PostgreSQL), the fake GitHub,
-backend descriptor folders, and a relay app served by uvicorn on loopback.
+backend descriptor folders, a relay app served by uvicorn on loopback, and a tab in Debian's headless
+Chromium driven by Playwright (one browser per test module).
 
 The databases of ``database_url``, ``sqlite_url`` and ``postgres_url`` hold the newest schema, copied from
 one migrated per test process (``migrated_databases``); ``empty_database_url`` is empty, for the tests
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +26,7 @@ import pytest
 from tests.relay.helpers import RelayUnderTest, write_backend
 from tests.relay.migrated_databases import MigratedPostgres, copy_migrated_sqlite
 
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 POSTGRES_ADMIN_URL = os.environ.get("RELAY_TEST_POSTGRES_URL", "postgresql://relay:relay@127.0.0.1:5432/postgres")
 _postgres_problem: list[str | None] = []
 
@@ -213,3 +216,27 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: s
 def wait():
     return wait_until
 
+
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium (and one Playwright driver) for the module: starting both costs about a second of CPU."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A tab in a browser context of its own (no cookies, storage or cache from another test), closed with it."""
+    tab = browser.new_page(viewport={"width": 1280, "height": 900})
+    dialogs = []
+    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    tab.dialogs = dialogs
+    yield tab
+    tab.close()

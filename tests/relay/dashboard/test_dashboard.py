@@ -3,7 +3,6 @@ with real data, the charts draw, and XSS payloads in a PR title and in a test me
 The JSON API behind each page is checked over HTTP. Screenshots go to $DASHBOARD_SCREENSHOTS if set."""
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
 from tests.relay.results_support import report
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 XSS_TITLE = '<script>window.__xss = "title"</script><img src=x onerror="window.__xss=\'img\'">'
 XSS_MESSAGE = '</pre><script>window.__xss = "message"</script><svg onload="window.__xss=\'svg\'">'
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS")
@@ -37,31 +35,6 @@ def seeded(sqlite_url, results_relay):  # noqa: F811
             body = report(backend, tests, git_version=head)
             assert drive.complete(backend, nonce, conclusion, report_body=body).status_code == 200
     return relay
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """One Chromium (and one Playwright driver) for the module: starting both costs about a second of CPU."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A tab in a browser context of its own (no cookies, storage or cache from another test), closed with it."""
-    tab = browser.new_page(viewport={"width": 1280, "height": 900})
-    dialogs = []
-    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    tab.dialogs = dialogs
-    yield tab
-    tab.close()
 
 
 def visit(page, url: str, shot: str):

@@ -10,7 +10,6 @@ import pytest
 
 from relay.testing import loopback_client
 from tests.relay.results_fixtures import oidc_issuer, results_backends, results_relay  # noqa: F401
-from tests.relay.dashboard.test_dashboard import page  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ def test_docs_load_nothing_from_another_origin(relay):
     assert loopback_client().get(relay.url + "/redoc", timeout=10).status_code == 404  # ReDoc would need a CDN
 
 
-def test_swagger_ui_renders_under_the_policy_in_chromium(relay, page):  # noqa: F811
+def test_swagger_ui_renders_under_the_policy_in_chromium(relay, page):
     violations = []
     page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
     external = []
