@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 
 from relay.testing import FakeGitHub
 from relay.testing.flaky_proxy import FlakyProxy
-from relay.testing.local_trial import act_command, offline_job_env
+from relay.testing.local_trial import KEEP_INSTALLED_TORCH, act_command, offline_job_env
 from relay.testing.oidc_issuer import FakeOidcIssuer, new_rsa_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +48,6 @@ GITHUB_TOKEN = "e2e-github-token"
 # A quick subset: SUM passes on gloo, PREMUL_SUM is a known failure (xfail) of the cpu descriptor.
 SUITE, SELECT = "collectives", "test_all_reduce[ and float32 and SUM"
 PREMUL = "collectives::test_all_reduce[PREMUL_SUM-float32]"
-TORCH_ALREADY_INSTALLED = ('python -c "import importlib.metadata as m; '
-                           'print(\'torch\', m.version(\'torch\'), \'is installed on this runner\')"')
 
 
 def torch_git_version() -> str:
@@ -201,9 +199,8 @@ class Loop:
         job["with"].update({
             "relay-url": self.proxy.url, "audience": AUDIENCE, "backend": backend,
             "descriptor": "",  # a packaged descriptor (cpu) unless ``inputs`` name the repository's own
-            # The backend's install command: torch is preinstalled on this runner; the command shows which
-            # version from its metadata (the next step imports it and prints the commit it was built from).
-            "torch-install": TORCH_ALREADY_INSTALLED,
+            # The backend's install command: torch is preinstalled on this runner, and stays, as in the local trial.
+            "torch-install": KEEP_INSTALLED_TORCH,
             "conformance-source": f"file://{ROOT}", "suites": SUITE, "select": SELECT,
             "python": sys.executable, "timeout-minutes": 15,
         })

@@ -88,25 +88,20 @@ class _LazyProbes(Mapping):
         if capability not in self._done:
             if capability not in _PROBES:
                 raise KeyError(capability)
-            if self._on_ranks is not None and capability in DEVICE_PROBES:
-                self._done[capability] = self._from_ranks(capability)
-            elif self._on_ranks is not None and capability in self._rank_probed():
-                self._done[capability] = self._from_ranks(capability, or_here=True)
-            else:
-                self._done[capability] = _PROBES[capability](self._descriptor, self)
+            probe = None
+            if self._on_ranks is not None and (capability in DEVICE_PROBES or capability in self._rank_probed()):
+                probe = self._from_ranks(capability)
+            self._done[capability] = probe or _PROBES[capability](self._descriptor, self)
         return self._done[capability]
 
-    def _from_ranks(self, capability: str, or_here: bool = False) -> Probe:
-        """Rank 0's answer. ``or_here``: a probe that touches no device, run here when the ranks did not
-        answer it (they started before the selected tests were known, or could not start)."""
+    def _from_ranks(self, capability: str) -> Probe | None:
+        """Rank 0's answer; None for a probe that touches no device and that the ranks did not answer (they
+        started before the selected tests were known, or could not start): it runs here instead."""
         try:
-            answers = self._on_ranks()
-            if or_here and capability not in answers:
-                return _PROBES[capability](self._descriptor, self)
-            available, reason = answers[capability]
-        except Exception as exc:  # noqa: BLE001 - the ranks could not start: nothing was probed there
-            if or_here:
-                return _PROBES[capability](self._descriptor, self)
+            available, reason = self._on_ranks()[capability]
+        except Exception as exc:  # noqa: BLE001 - the ranks could not start, or gave no answer to this probe
+            if capability not in DEVICE_PROBES:
+                return None
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             return Probe(capability, False, f"not probed: the ranks did not start ({first})")
         return Probe(capability, available, reason)
