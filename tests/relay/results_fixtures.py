@@ -3,6 +3,7 @@ a fake OIDC issuer, backends with callback tokens, and a served relay with OIDC,
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -46,18 +47,27 @@ def results_relay(fake_github, oidc_issuer, results_backends):
         relay.stop()
 
 
-@pytest.fixture
-def app_mode(fake_github, tmp_path: Path):
-    """GitHub App credentials the fake accepts, installed on upstream and every downstream repository."""
+@functools.cache
+def _app_key_pems() -> tuple[bytes, bytes]:
+    """One App key for this process's tests (private PEM, public PEM): each test's fake GitHub is its own, so
+    none sees another's App. A new key per test cost its generation and the relay's check of it
+    (``relay.github._app_key`` keeps a key it has checked, by its PEM), about 0.1 s of CPU each."""
     from relay.testing.oidc_issuer import new_rsa_key
 
     key = new_rsa_key()
+    return (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()),
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+@pytest.fixture
+def app_mode(fake_github, tmp_path: Path):
+    """GitHub App credentials the fake accepts, installed on upstream and every downstream repository."""
+    private_pem, public_pem = _app_key_pems()
     pem = tmp_path / "app.pem"
-    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))
+    pem.write_bytes(private_pem)
     fake_github.app_id = "4242"
-    fake_github.app_public_key_pem = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    fake_github.app_public_key_pem = public_pem
     for repo in (UPSTREAM, *REPOS.values()):
         fake_github.install_app(repo)
     return dict(github_token=None, github_app_id="4242", github_private_key_file=str(pem))
