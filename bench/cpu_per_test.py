@@ -16,31 +16,18 @@ import json
 import os
 from pathlib import Path
 
-import psutil
 import pytest
 
 OUT_DIR = os.environ.get("PROJECT_TEST_CPU_DIR")
 _PROC = Path("/proc")
 
 
-def tree_cpu_seconds(root: psutil.Process) -> float:
-    """CPU seconds of ``root`` and every live process below it, each with its reaped children's (psutil: it
-    reads every process of the machine, a few milliseconds a call; ``ProcessTree`` is the plugin's)."""
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-        except psutil.Error:  # gone between the listing and the reading: its parent counts it once reaped
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
-
-
 class ProcessTree:
-    """``tree_cpu_seconds`` from ``/proc`` at a fraction of its cost, for a call before and after every test.
+    """CPU seconds of a process and every live process below it, each with its reaped children's, read from
+    ``/proc`` before and after every test.
 
-    psutil reads every process of the machine on each call (a few milliseconds with the run's few hundred
-    processes: about 6 ms a test, 15 % more CPU on a run of short tests). Here each call lists ``/proc``, reads
+    psutil's walk (``children(recursive=True)``) reads every process of the machine on each call: with the run's
+    few hundred processes, about 6 ms a test, 15 % more CPU on a run of short tests. Here each call lists ``/proc``, reads
     the parent of each process it has not seen before (kept: the kernel hands out process ids in turn, so an id
     comes back only after the counter wraps, not between two calls), and reads the times of the tree's own
     processes only."""
