@@ -2,13 +2,13 @@
 device, so a suite body that creates a tensor without `ctx.device` fails here as it would on a GPU.
 Set before any pool starts; rank processes, xdist workers and `conformance run` subprocesses inherit it."""
 
-import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import run_order
 
 os.environ.setdefault("CONFORMANCE_RANK_DEFAULT_DEVICE", "meta")
 
@@ -46,22 +46,15 @@ def _pytester_runs_without_unused_plugins(request, monkeypatch):
         monkeypatch.setenv("PYTEST_ADDOPTS", _BLOCK_UNUSED_PLUGINS)
 
 
-# The order of the project's own test run: the costliest test files first, by the seconds each took in the
-# last measured run (tests/file_costs.json, written by `python bench/project_test_time.py --write-costs
-# tests/file_costs.json`). With `--dist loadfile` and `--no-loadscope-reorder` (pytest_configure) xdist hands files out
-# in collection order, so a long file collected last would leave one worker running alone at the end; a file
-# not in the table counts as the median. The order within a file is kept; only the order between files changes.
-_COSTS = Path(__file__).resolve().parent / "tests" / "file_costs.json"
-
-
+# The order of the project's own test run (tests/run_order.py): the costliest test files first, by what each
+# cost in the last measured run (tests/file_costs.json), and with `--dist loadfile` a scheduler that keeps two
+# files that mostly wait from running at once. The order within a file is kept.
 def pytest_collection_modifyitems(session, config, items):
-    if not _COSTS.is_file() or config.getoption("randomly_seed", None) is not None:
+    if config.getoption("randomly_seed", None) is not None:
         return
-    costs = json.loads(_COSTS.read_text())
-    median = statistics.median(costs.values()) if costs else 0.0
-    root = Path(str(config.rootpath))
-    first_seen: dict[str, int] = {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(Path(str(item.path)).relative_to(root).as_posix(), index)
-    items.sort(key=lambda item: (-costs.get(Path(str(item.path)).relative_to(root).as_posix(), median),
-                                 first_seen[Path(str(item.path)).relative_to(root).as_posix()]))
+    run_order.sort_costliest_first(items, run_order.FileCosts.load(), Path(str(config.rootpath)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return run_order.make_scheduler(config, log) if config.getvalue("dist") == "loadfile" else None

@@ -9,9 +9,9 @@ the total per test folder (``--depth`` path parts) and the slowest tests, each i
 seconds with the test's processes (bench/cpu_per_test.py: on two cores the CPU is what runs out, so a test
 waiting on a time-out is long but cheap). Repeatable: run it on a quiet
 machine, from a fresh clone, and compare its lines before and after a change. ``--write-costs`` also
-writes each test file's summed seconds to a JSON file: ``tests/file_costs.json`` is the table the test
-run's order comes from (tests/conftest.py: the costliest files start first, so no worker is left with a
-long file at the end).
+writes each test file's summed seconds and CPU seconds to a JSON file: ``tests/file_costs.json`` is the
+table the test run's order comes from (tests/run_order.py: the costliest files start first, and two files
+that mostly wait do not run at once).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=30, help="slowest tests to list (default 30)")
     parser.add_argument("--depth", type=int, default=2, help="path parts per folder total (default 2)")
     parser.add_argument("--write-costs", type=Path, default=None, metavar="PATH",
-                        help="also write each test file's seconds as JSON (tests/file_costs.json orders the run)")
+                        help="also write each test file's wall and CPU seconds as JSON (tests/file_costs.json orders the run)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: the test command's arguments")
     args = parser.parse_args()
     pytest_args = [a for a in args.pytest_args if a != "--"] or DEFAULT_COMMAND
@@ -152,7 +152,8 @@ def main() -> int:
     for path, cpu in cpu_per_file.most_common(20):
         print(f"  {per_file[path]:8.1f} s {cpu:8.1f} s  {path}")
     if args.write_costs is not None:
-        costs = {path: round(seconds, 1) for path, seconds in sorted(per_file.items())}
+        costs = {path: {"wall": round(seconds, 1), "cpu": round(cpu_per_file[path], 1)}
+                 for path, seconds in sorted(per_file.items())}
         args.write_costs.write_text(json.dumps(costs, indent=1) + "\n")
         print(f"\nwrote the cost of {len(costs)} files to {args.write_costs}")
     print(f"\nslowest {args.top} tests (wall):")

@@ -1,0 +1,97 @@
+"""The order of the project's own test run, from what each test file cost in the last measured run.
+
+``tests/file_costs.json`` holds, per test file, the seconds its tests took (``wall``: setup, call and
+teardown, summed) and the CPU seconds their processes used (``cpu``), written by
+``python bench/project_test_time.py --write-costs tests/file_costs.json``. Two policies come from it:
+
+- Collection order (``sort_costliest_first``): the costliest files first, by wall, so that no worker is left
+  with a long file at the end. With ``--dist loadfile`` xdist hands files out in that order.
+- Which file a free worker gets next (``CostAwareFileScheduling``, the ``--dist loadfile`` scheduler): on two
+  cores the run is bound by CPU, and some files mostly wait (rank and call time-outs, a relay's back-offs,
+  other processes): under ``WAITING_SHARE`` of a core busy over their wall time. Two such files at once leave
+  a core idle. So while one runs, a worker is given the next file that computes instead, if one is among the
+  next ``LOOKAHEAD`` of the order; the waiting file keeps its place and starts when no other is running.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+COSTS_FILE = Path(__file__).resolve().parent / "file_costs.json"
+WAITING_SHARE = 0.35  # cores busy over a file's wall time below which the file mostly waits
+LOOKAHEAD = 10  # files of the costliest-first order a free worker may be given instead of the first
+
+
+@dataclass(frozen=True)
+class FileCost:
+    wall: float  # seconds its tests took, summed
+    cpu: float  # CPU seconds of the processes of its tests
+
+    @property
+    def waits(self) -> bool:
+        """Whether the file mostly waits: a core less than WAITING_SHARE busy over its tests' wall time."""
+        return self.wall > 0 and self.cpu < WAITING_SHARE * self.wall
+
+
+class FileCosts:
+    """The measured cost of each test file (by its path from the root, as in node ids); a file the table
+    does not hold counts as the median file, computing all along (one core busy)."""
+
+    def __init__(self, table: dict[str, FileCost]):
+        self.table = table
+        median_wall = statistics.median(c.wall for c in table.values()) if table else 0.0
+        self.median = FileCost(median_wall, median_wall)
+
+    @classmethod
+    def load(cls, path: Path = COSTS_FILE) -> "FileCosts":
+        raw = json.loads(path.read_text()) if path.is_file() else {}
+        return cls({file: FileCost(float(cost["wall"]), float(cost["cpu"])) for file, cost in raw.items()})
+
+    def of(self, file: str) -> FileCost:
+        return self.table.get(file, self.median)
+
+
+def sort_costliest_first(items, costs: FileCosts, rootpath: Path) -> None:
+    """Sort collected ``items`` in place: the costliest files (by wall) first, files in their collected order
+    at equal cost, and the order within each file kept."""
+    file_of = {id(item): Path(str(item.path)).relative_to(rootpath).as_posix() for item in items}
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(file_of[id(item)], index)
+    items.sort(key=lambda item: (-costs.of(file_of[id(item)]).wall, first_seen[file_of[id(item)]]))
+
+
+def make_scheduler(config, log, costs: FileCosts | None = None):
+    """The ``--dist loadfile`` scheduler of the project's run (pytest-xdist's, choosing the next file by cost)."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class CostAwareFileScheduling(LoadFileScheduling):
+        """pytest-xdist's ``loadfile`` scheduling, except for which queued file a worker gets (module doc)."""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.costs = costs if costs is not None else FileCosts.load()
+
+        def _assign_work_unit(self, node) -> None:
+            chosen = self._next_file()
+            self.workqueue.move_to_end(chosen, last=False)  # xdist assigns the head of its queue
+            super()._assign_work_unit(node)
+
+        def _running_files(self) -> list[str]:
+            return [file for work in self.assigned_work.values() for file, done in work.items()
+                    if not all(done.values())]
+
+        def _next_file(self) -> str:
+            first = next(iter(self.workqueue))
+            if not any(self.costs.of(file).waits for file in self._running_files()):
+                return first
+            for file in itertools.islice(self.workqueue, LOOKAHEAD):
+                if not self.costs.of(file).waits:
+                    return file
+            return first
+
+    return CostAwareFileScheduling(config, log)
