@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COSTS_FILE = Path(__file__).resolve().parent / "file_costs.json"
-WAITING_SHARE = 0.35  # cores busy over a file's wall time below which the file mostly waits
+WAITING_SHARE = 0.4  # cores busy over a file's wall time below which the file mostly waits
 LOOKAHEAD = 10  # files of the costliest-first order a free worker may be given instead of the first
 
 
