@@ -6,17 +6,19 @@ teardown, summed) and the CPU seconds their processes used (``cpu``), written by
 
 - Collection order (``sort_costliest_first``): the costliest files first, by wall, so that no worker is left
   with a long file at the end. With ``--dist loadfile`` xdist hands files out in that order.
-- Which file a free worker gets next (``CostAwareFileScheduling``, the ``--dist loadfile`` scheduler): on two
-  cores the run is bound by CPU, and some files mostly wait (rank and call time-outs, a relay's back-offs,
-  other processes): under ``WAITING_SHARE`` of a core busy over their wall time. Two such files at once leave
-  a core idle. So while one runs, a worker is given the next file that computes instead, if one is among the
-  next ``LOOKAHEAD`` of the order; the waiting file keeps its place and starts when no other is running.
+- Which file a free worker gets next (``CostAwareFileScheduling``, the ``--dist loadfile`` scheduler): with
+  more workers than cores (three on two) the run is bound by CPU, and some files mostly wait (rank and call
+  time-outs, a relay's back-offs, other processes): under ``WAITING_SHARE`` of a core busy over their wall
+  time. More of them at once than there are workers beyond the cores leave a core idle. So while that many
+  run, a worker is given the next file that computes instead, if one is among the next ``LOOKAHEAD`` of the
+  order; the waiting file keeps its place and starts when fewer wait.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +67,16 @@ def sort_costliest_first(items, costs: FileCosts, rootpath: Path) -> None:
     items.sort(key=lambda item: (-costs.of(file_of[id(item)]).wall, first_seen[file_of[id(item)]]))
 
 
-def make_scheduler(config, log, costs: FileCosts | None = None):
-    """The ``--dist loadfile`` scheduler of the project's run (pytest-xdist's, choosing the next file by cost)."""
+def waiting_allowed(workers: int, cores: int | None = None) -> int:
+    """How many files that mostly wait may run at once: the workers beyond the cores (they would only
+    share them), at least one; with a core for every worker, any number."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(workers - cores, 1) if workers > cores else workers
+
+
+def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | None = None):
+    """The ``--dist loadfile`` scheduler of the project's run (pytest-xdist's, choosing the next file by cost)
+    for this machine's cores, or ``cores``."""
     from xdist.scheduler import LoadFileScheduling
 
     class CostAwareFileScheduling(LoadFileScheduling):
@@ -87,7 +97,8 @@ def make_scheduler(config, log, costs: FileCosts | None = None):
 
         def _next_file(self) -> str:
             first = next(iter(self.workqueue))
-            if not any(self.costs.of(file).waits for file in self._running_files()):
+            waiting = sum(self.costs.of(file).waits for file in self._running_files())
+            if waiting < waiting_allowed(self.numnodes, cores):
                 return first
             for file in itertools.islice(self.workqueue, LOOKAHEAD):
                 if not self.costs.of(file).waits:

@@ -51,10 +51,11 @@ WAITS, COMPUTES = FileCost(wall=30.0, cpu=1.0), FileCost(wall=10.0, cpu=9.0)
 
 
 def _scheduled(pytestconfig, files: list[str], costs: dict[str, FileCost], workers: int = 1):
-    """The scheduler, its workers and the collection (one test per file, in ``files``' order), scheduled."""
+    """The scheduler for one core, its workers and the collection (one test per file, in ``files``' order),
+    scheduled: one file that waits at a time."""
     collection = [f"tests/{name}.py::test_one" for name in files]
     scheduler = run_order.make_scheduler(_RunConfig(pytestconfig, workers), None,
-                                         FileCosts({f"tests/{name}.py": cost for name, cost in costs.items()}))
+                                         FileCosts({f"tests/{name}.py": cost for name, cost in costs.items()}), cores=1)
     nodes = [_Worker(f"gw{n}") for n in range(workers)]
     for node in nodes:
         scheduler.add_node(node)
@@ -100,6 +101,11 @@ def test_with_no_file_that_computes_within_the_lookahead_the_next_file_goes_as_o
     costs = {**{name: WAITS for name in waiting}, "compute": COMPUTES}
     _, (worker,), collection = _scheduled(pytestconfig, [*waiting, "compute"], costs)
     assert _files(worker, collection) == ["wait0", "wait1"]
+
+
+def test_as_many_files_may_wait_at_once_as_there_are_workers_beyond_the_cores():
+    assert [run_order.waiting_allowed(workers, cores=2) for workers in (3, 4, 6)] == [1, 2, 4]
+    assert run_order.waiting_allowed(3, cores=3) == 3 and run_order.waiting_allowed(3, cores=16) == 3  # no limit
 
 
 def test_a_file_the_table_does_not_hold_counts_as_the_median_file_that_computes():
