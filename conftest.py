@@ -47,8 +47,8 @@ def _pytester_runs_without_unused_plugins(request, monkeypatch):
 
 
 # The order of the project's own test run (tests/run_order.py): the costliest test files first, by what each
-# cost in the last measured run (tests/file_costs.json), and with `--dist loadfile` a scheduler that keeps two
-# files that mostly wait from running at once. The order within a file is kept.
+# cost in the last measured run (tests/file_costs.json), and with `--dist loadfile` a scheduler that keeps the
+# files that mostly wait from running beside each other. The order within a file is kept.
 def pytest_collection_modifyitems(session, config, items):
     if config.getoption("randomly_seed", None) is not None:
         return

@@ -10,8 +10,8 @@ seconds with the test's processes (bench/cpu_per_test.py: on two cores the CPU i
 waiting on a time-out is long but cheap). Repeatable: run it on a quiet
 machine, from a fresh clone, and compare its lines before and after a change. ``--write-costs`` also
 writes each test file's summed seconds and CPU seconds to a JSON file: ``tests/file_costs.json`` is the
-table the test run's order comes from (tests/run_order.py: the costliest files start first, and two files
-that mostly wait do not run at once).
+table the test run's order comes from (tests/run_order.py: the costliest files start first, and the files
+that mostly wait do not run beside each other).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def waiting_allowed(workers: int, cores: int | None = None) -> int:
 def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | None = None):
     """The ``--dist loadfile`` scheduler of the project's run (pytest-xdist's, choosing the next file by cost)
     for this machine's cores, or ``cores``."""
-    from xdist.scheduler import LoadFileScheduling
+    from xdist.scheduler import LoadFileScheduling  # here: the root conftest imports this module without xdist too
 
     class CostAwareFileScheduling(LoadFileScheduling):
         """pytest-xdist's ``loadfile`` scheduling, except for which queued file a worker gets (module doc)."""
@@ -92,6 +92,7 @@ def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | Non
             super()._assign_work_unit(node)
 
         def _running_files(self) -> list[str]:
+            """The files handed to a worker with tests still to run (running, or queued behind its current one)."""
             return [file for work in self.assigned_work.values() for file, done in work.items()
                     if not all(done.values())]
 
