@@ -36,25 +36,29 @@ class _Worker:
 
 
 class _RunConfig:
-    """This run's configuration (its options, as the root conftest left them) with ``workers`` workers to
-    schedule for, as the controller of an ``-n`` run has it."""
+    """A configuration with ``workers`` workers to schedule for, as the controller of an ``-n`` run has it, and
+    ``option``: this run's options (as the root conftest left them), or xdist's ``--loadscope-reorder`` off as
+    that conftest turns it off."""
 
-    def __init__(self, config: pytest.Config, workers: int = 1):
-        self.option = config.option
+    def __init__(self, option, workers: int = 1):
+        self.option = option
         self.workers = workers
 
     def getvalue(self, name: str):
         return [f"{self.workers}*popen"] if name == "tx" else getattr(self.option, name)
 
 
+AS_THE_CONFTEST_LEAVES_IT = types.SimpleNamespace(loadscopereorder=False)
+
+
 WAITS, COMPUTES = FileCost(wall=30.0, cpu=1.0), FileCost(wall=10.0, cpu=9.0)
 
 
-def _scheduled(pytestconfig, files: list[str], costs: dict[str, FileCost], workers: int = 1):
+def _scheduled(files: list[str], costs: dict[str, FileCost], workers: int = 1):
     """The scheduler for one core, its workers and the collection (one test per file, in ``files``' order),
     scheduled: one file that waits at a time."""
     collection = [f"tests/{name}.py::test_one" for name in files]
-    scheduler = run_order.make_scheduler(_RunConfig(pytestconfig, workers), None,
+    scheduler = run_order.make_scheduler(_RunConfig(AS_THE_CONFTEST_LEAVES_IT, workers), None,
                                          FileCosts({f"tests/{name}.py": cost for name, cost in costs.items()}), cores=1)
     nodes = [_Worker(f"gw{n}") for n in range(workers)]
     for node in nodes:
@@ -69,9 +73,11 @@ def _files(node: _Worker, collection: list[str]) -> list[str]:
 
 
 def test_loadfile_hands_out_files_in_collection_order_not_by_their_number_of_tests(pytestconfig):
+    if not hasattr(pytestconfig.option, "loadscopereorder"):
+        pytest.skip("pytest-xdist's plugin is off in this run (-p no:xdist): no --loadscope-reorder to have turned off")
     collection = ["tests/costly.py::test_one", "tests/many.py::test_a", "tests/many.py::test_b",
                   "tests/many.py::test_c", "tests/cheap.py::test_one"]
-    scheduler = run_order.make_scheduler(_RunConfig(pytestconfig), None, FileCosts({}))
+    scheduler = run_order.make_scheduler(_RunConfig(pytestconfig.option), None, FileCosts({}))
     worker = _Worker()
     scheduler.add_node(worker)
     scheduler.add_node_collection(worker, collection)
@@ -79,16 +85,16 @@ def test_loadfile_hands_out_files_in_collection_order_not_by_their_number_of_tes
     assert [collection[i] for i in worker.sent][:1] == ["tests/costly.py::test_one"]
 
 
-def test_a_free_worker_gets_a_file_that_computes_while_a_file_that_waits_runs(pytestconfig):
+def test_a_free_worker_gets_a_file_that_computes_while_a_file_that_waits_runs():
     costs = {"wait1": WAITS, "wait2": WAITS, "compute1": COMPUTES, "compute2": COMPUTES}
-    _, (a, b), collection = _scheduled(pytestconfig, ["wait1", "wait2", "compute1", "compute2"], costs, workers=2)
+    _, (a, b), collection = _scheduled(["wait1", "wait2", "compute1", "compute2"], costs, workers=2)
     assert _files(a, collection)[0] == "wait1"
     assert _files(b, collection)[0] == "compute1"  # xdist's own order would start wait2 beside wait1
 
 
-def test_a_waiting_file_passed_over_starts_once_no_other_waits(pytestconfig):
+def test_a_waiting_file_passed_over_starts_once_no_other_waits():
     costs = {"wait1": WAITS, "wait2": WAITS, "compute1": COMPUTES, "compute2": COMPUTES}
-    scheduler, (worker,), collection = _scheduled(pytestconfig, ["wait1", "wait2", "compute1", "compute2"], costs)
+    scheduler, (worker,), collection = _scheduled(["wait1", "wait2", "compute1", "compute2"], costs)
     assert _files(worker, collection) == ["wait1", "compute1"]  # compute1 queued behind wait1, wait2 passed over
     scheduler.mark_test_complete(worker, collection.index("tests/wait1.py::test_one"))
     assert _files(worker, collection) == ["wait1", "compute1", "wait2"]  # only compute1 runs: wait2 keeps its place
@@ -96,10 +102,10 @@ def test_a_waiting_file_passed_over_starts_once_no_other_waits(pytestconfig):
     assert _files(worker, collection) == ["wait1", "compute1", "wait2", "compute2"]
 
 
-def test_with_no_file_that_computes_within_the_lookahead_the_next_file_goes_as_ordered(pytestconfig):
+def test_with_no_file_that_computes_within_the_lookahead_the_next_file_goes_as_ordered():
     waiting = [f"wait{n}" for n in range(run_order.LOOKAHEAD + 1)]
     costs = {**{name: WAITS for name in waiting}, "compute": COMPUTES}
-    _, (worker,), collection = _scheduled(pytestconfig, [*waiting, "compute"], costs)
+    _, (worker,), collection = _scheduled([*waiting, "compute"], costs)
     assert _files(worker, collection) == ["wait0", "wait1"]
 
 
