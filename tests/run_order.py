@@ -85,6 +85,7 @@ def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | Non
         def __init__(self, config, log=None):
             super().__init__(config, log)
             self.costs = costs if costs is not None else FileCosts.load()
+            self.waiting_allowed = waiting_allowed(self.numnodes, cores)
 
         def _assign_work_unit(self, node) -> None:
             chosen = self._next_file()
@@ -99,7 +100,7 @@ def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | Non
         def _next_file(self) -> str:
             first = next(iter(self.workqueue))
             waiting = sum(self.costs.of(file).waits for file in self._running_files())
-            if waiting < waiting_allowed(self.numnodes, cores):
+            if waiting < self.waiting_allowed:
                 return first
             for file in itertools.islice(self.workqueue, LOOKAHEAD):
                 if not self.costs.of(file).waits:
