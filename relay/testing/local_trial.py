@@ -59,10 +59,16 @@ KEEP_INSTALLED_TORCH = ('python -c "import importlib.metadata as m; '
 
 def offline_job_env(repo_root: Path) -> dict[str, str]:
     """The ``--env`` a job under act needs offline: plain http to the loopback relay, the checkout stand-in's
-    source, and pip kept off any index with this environment's packages (torch included) on the path."""
+    source, and pip kept off any index with this environment's packages (torch included) on the path.
+
+    With this whole environment on the path, pip's check after each install would read the requirements of
+    every package in it (about 0.6 s of CPU per install with a development environment) and warn about
+    conflicts of this environment, not of what the job installs: ``PIP_NO_WARN_CONFLICTS=0`` turns it off
+    (pip reads a ``--no-*`` option's variable as the value of the option it negates, so ``0`` means "do not
+    warn", as ``PIP_NO_BUILD_ISOLATION=0`` means "no build isolation")."""
     return {"RELAY_CALLBACK_ALLOW_HTTP_LOOPBACK": "1", "CONFORMANCE_ACT_CHECKOUT_FROM": str(repo_root),
             "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+            "PIP_NO_WARN_CONFLICTS": "0", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
 
 
 def act_command(act: str, event: Path, workflow: Path, uses: str, conformance: Path, env: dict[str, str]) -> list[str]:
