@@ -21,8 +21,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, Connection, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func, insert, select,
-    update,
+    JSON, BigInteger, Connection, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, bindparam, func,
+    insert, select, update,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -137,17 +137,18 @@ def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
         connection.execute(insert(Dispatch), list(rows))
 
 
-# The states a claim looks for, as conditions each lookup can use with its index.
-def _queued_due(now: dt.datetime) -> tuple:
+# The states a claim looks for, as conditions each lookup can use with its index. ``now`` is a time, or the
+# bound parameter ``now`` of a statement built once (``_claim_statements``).
+def _queued_due(now) -> tuple:
     return Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at <= now
 
 
-def _lease_ended(now: dt.datetime) -> tuple:
+def _lease_ended(now) -> tuple:
     """A claim whose process died (or overran its lease): the row is due again."""
     return Dispatch.state == DispatchState.sending, Dispatch.claimed_until < now
 
 
-def _in_flight(now: dt.datetime) -> tuple:
+def _in_flight(now) -> tuple:
     """A live claim: a call in flight in some process."""
     return Dispatch.state == DispatchState.sending, Dispatch.claimed_until >= now
 
@@ -203,6 +204,42 @@ def end_claims(session: Session, claimer: str, now: dt.datetime) -> int:
     return ended.rowcount
 
 
+@dataclasses.dataclass(frozen=True)
+class _ClaimStatements:
+    """The statements of every claim and of the dispatcher's idle wait, built once with the time as the bound
+    parameter ``now``: built anew on each pass, their construction and cache keys cost more CPU than running
+    them (the dispatcher runs a claim after every wake)."""
+
+    oldest_due_per_lane: Any  # (backend, its oldest due queued row or None) per backend with queued rows
+    lease_ended: Any  # (id, backend) of the rows whose claim's lease ended
+    in_flight_backends: Any  # the backends with a live claim
+    next_retry: Any  # the earliest retry time still ahead
+    next_lease_end: Any  # the earliest end of a live lease
+
+
+def _claim_statements() -> _ClaimStatements:
+    queued, now = DispatchState.queued, bindparam("now")
+    lanes_start = select(func.min(Dispatch.backend).label("backend")).where(Dispatch.state == queued)
+    lanes = lanes_start.cte("lanes", recursive=True)
+    lanes = lanes.union_all(
+        select(select(func.min(Dispatch.backend)).where(Dispatch.state == queued, Dispatch.backend > lanes.c.backend)
+               .scalar_subquery()).where(lanes.c.backend.is_not(None))
+    )
+    oldest = (select(Dispatch.id).where(*_queued_due(now), Dispatch.backend == lanes.c.backend)
+              .order_by(Dispatch.id).limit(1).scalar_subquery())
+    return _ClaimStatements(
+        oldest_due_per_lane=select(lanes.c.backend, oldest).where(lanes.c.backend.is_not(None)),
+        lease_ended=select(Dispatch.id, Dispatch.backend).where(*_lease_ended(now)),
+        in_flight_backends=select(Dispatch.backend).where(*_in_flight(now)),
+        next_retry=select(func.min(Dispatch.next_attempt_at)).where(Dispatch.state == queued, Dispatch.next_attempt_at > now),
+        next_lease_end=select(func.min(Dispatch.claimed_until)).where(Dispatch.state == DispatchState.sending,
+                                                                      Dispatch.claimed_until > now),
+    )
+
+
+_CLAIM = _claim_statements()
+
+
 def _oldest_due_per_backend(
     session: Session, now: dt.datetime, exclude_backends: Collection[str], limit: int,
 ) -> dict[str, int]:
@@ -214,22 +251,14 @@ def _oldest_due_per_backend(
     each one's oldest due row from the same index in id order; rows whose lease ran out are few
     (at most one per backend in flight) and are read on their own.
     """
-    queued = DispatchState.queued
-    lanes_start = select(func.min(Dispatch.backend).label("backend")).where(Dispatch.state == queued)
-    lanes = lanes_start.cte("lanes", recursive=True)
-    lanes = lanes.union_all(
-        select(select(func.min(Dispatch.backend)).where(Dispatch.state == queued, Dispatch.backend > lanes.c.backend)
-               .scalar_subquery()).where(lanes.c.backend.is_not(None))
-    )
-    oldest = (select(Dispatch.id).where(*_queued_due(now), Dispatch.backend == lanes.c.backend)
-              .order_by(Dispatch.id).limit(1).scalar_subquery())
+    at = {"now": now}
     found: dict[str, int] = {}
-    for backend, dispatch_id in session.execute(select(lanes.c.backend, oldest).where(lanes.c.backend.is_not(None))):
+    for backend, dispatch_id in session.execute(_CLAIM.oldest_due_per_lane, at):
         if dispatch_id is not None:
             found[backend] = dispatch_id
-    for dispatch_id, backend in session.execute(select(Dispatch.id, Dispatch.backend).where(*_lease_ended(now))):
+    for dispatch_id, backend in session.execute(_CLAIM.lease_ended, at):
         found[backend] = min(found.get(backend, dispatch_id), dispatch_id)
-    skipped = set(exclude_backends) | set(session.scalars(select(Dispatch.backend).where(*_in_flight(now))))
+    skipped = set(exclude_backends) | set(session.scalars(_CLAIM.in_flight_backends, at))
     candidates = sorted((i, b) for b, i in found.items() if b not in skipped)[:limit]
     return {backend: dispatch_id for dispatch_id, backend in candidates}
 
@@ -288,10 +317,8 @@ def next_due_at(session: Session, now: dt.datetime) -> dt.datetime | None:
 
     Rows already due are left out: if one was not claimed, its backend is busy or its credential rests,
     and what ends that (a finished send, the rest's end) is waited for on its own."""
-    queued = session.scalar(select(func.min(Dispatch.next_attempt_at)).where(
-        Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at > now))
-    leased = session.scalar(select(func.min(Dispatch.claimed_until)).where(
-        Dispatch.state == DispatchState.sending, Dispatch.claimed_until > now))
+    queued = session.scalar(_CLAIM.next_retry, {"now": now})
+    leased = session.scalar(_CLAIM.next_lease_end, {"now": now})
     candidates = [t for t in (queued, leased) if t is not None]
     return min(candidates) if candidates else None
 
