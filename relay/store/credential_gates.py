@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 import sys
 
-from sqlalchemy import Boolean, DateTime, Float, String, Text, func, select
+from sqlalchemy import Boolean, DateTime, Float, String, Text, bindparam, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from relay.store.base import Base
@@ -38,6 +38,11 @@ class GateView:
     resting_until: dt.datetime | None
     paused: bool
     reason: str | None
+
+
+# Read on every pass of the dispatcher: built once, with bound parameters (as dispatches' claim statements).
+_GATES_OF = select(CredentialGateRow).where(CredentialGateRow.credential.in_(bindparam("credentials", expanding=True)))
+_NEXT_REST_END = select(func.min(CredentialGateRow.resting_until)).where(CredentialGateRow.resting_until > bindparam("now"))
 
 
 def views(session: Session) -> list[GateView]:
@@ -68,8 +73,7 @@ def _refilled(row: CredentialGateRow, now: dt.datetime, rate: float, capacity: f
 def allowances(session: Session, credentials: list[str], now: dt.datetime, rate: float, capacity: float) -> dict[str, int]:
     """Calls each credential may make now: 0 while it rests or is paused, else the whole tokens left
     (``rate`` 0: unpaced). A credential without a row has never been used: a full bucket."""
-    rows = {r.credential: r for r in session.scalars(
-        select(CredentialGateRow).where(CredentialGateRow.credential.in_(credentials)))}
+    rows = {r.credential: r for r in session.scalars(_GATES_OF, {"credentials": list(credentials)})}
     out = {}
     for credential in credentials:
         row = rows.get(credential)
@@ -109,7 +113,7 @@ def rest(session: Session, credential: str, until: dt.datetime, now: dt.datetime
 
 
 def next_rest_end(session: Session, now: dt.datetime) -> dt.datetime | None:
-    return session.scalar(select(func.min(CredentialGateRow.resting_until)).where(CredentialGateRow.resting_until > now))
+    return session.scalar(_NEXT_REST_END, {"now": now})
 
 
 def resume(session: Session, credential: str) -> None:
