@@ -16,7 +16,7 @@ import dataclasses
 import datetime as dt
 
 from sqlalchemy import (
-    BigInteger, DateTime, ForeignKey, Integer, PrimaryKeyConstraint, String, Text, and_, or_, select,
+    BigInteger, DateTime, ForeignKey, Integer, PrimaryKeyConstraint, String, Text, and_, bindparam, or_, select,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -108,12 +108,11 @@ def for_runs(session: Session, run_pks: list[int]) -> list[ReportedState]:
     return [_view(row) for row in session.scalars(select(ReportedStateRow).where(ReportedStateRow.run_pk.in_(run_pks)))]
 
 
-def pending(session: Session, target: str, *, since: dt.datetime, limit: int,
-            skip: tuple[int, ...] = ()) -> list[PendingReport]:
-    """Runs changed since ``since`` whose state, or whose PR's labels at its head, are newer than what
-    was last decided for ``target``, or which are at an open PR's head and whose backend's level changed
-    after they were decided; oldest change first. ``skip`` leaves out runs waiting for a retry."""
-    reported = and_(ReportedStateRow.run_pk == RunRow.id, ReportedStateRow.target == target)
+def _pending_statement(*, skipping: bool):
+    """The reporter's query of every pass (``pending``), built once per shape, with the target, the time, the
+    limit and the runs to skip as bound parameters: built anew, its construction and cache key cost more
+    CPU than running it."""
+    reported = and_(ReportedStateRow.run_pk == RunRow.id, ReportedStateRow.target == bindparam("target"))
     pull_request = and_(PullRequest.repository == RunRow.upstream_repository, PullRequest.number == RunRow.pr_number)
     at_head = PullRequest.head_sha == RunRow.head_sha  # label and level changes re-decide a PR's head only
     labels_changed = and_(
@@ -130,7 +129,7 @@ def pending(session: Session, target: str, *, since: dt.datetime, limit: int,
         .outerjoin(ReportedStateRow, reported)
         .outerjoin(PullRequest, pull_request)
         .outerjoin(BackendRow, BackendRow.name == RunRow.backend)
-        .where(RunRow.updated_at >= since)
+        .where(RunRow.updated_at >= bindparam("since"))
         .where(or_(
             ReportedStateRow.run_pk.is_(None),
             ReportedStateRow.run_updated_at.is_(None),
@@ -139,10 +138,24 @@ def pending(session: Session, target: str, *, since: dt.datetime, limit: int,
             level_changed,
         ))
     )
+    if skipping:
+        stmt = stmt.where(RunRow.id.not_in(bindparam("skip", expanding=True)))
+    return stmt.order_by(RunRow.updated_at, RunRow.id).limit(bindparam("limit", type_=Integer))
+
+
+_PENDING = {skipping: _pending_statement(skipping=skipping) for skipping in (False, True)}
+
+
+def pending(session: Session, target: str, *, since: dt.datetime, limit: int,
+            skip: tuple[int, ...] = ()) -> list[PendingReport]:
+    """Runs changed since ``since`` whose state, or whose PR's labels at its head, are newer than what
+    was last decided for ``target``, or which are at an open PR's head and whose backend's level changed
+    after they were decided; oldest change first. ``skip`` leaves out runs waiting for a retry."""
+    parameters = {"target": target, "since": since, "limit": limit}
     if skip:
-        stmt = stmt.where(RunRow.id.not_in(list(skip)))
+        parameters["skip"] = list(skip)
     out = []
-    rows = session.execute(stmt.order_by(RunRow.updated_at, RunRow.id).limit(limit))
+    rows = session.execute(_PENDING[bool(skip)], parameters)
     for run, state, labels, recorded_at, level, level_changed_at in rows:
         pr_labels = None if run.pr_number is None else tuple(labels or ())
         out.append(PendingReport(view(run), pr_labels, recorded_at, None if state is None else _view(state),
