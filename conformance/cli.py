@@ -18,14 +18,16 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.descriptors import CAPABILITIES, DescriptorError
-from conformance.items import SUITES_DIR, required_capabilities, required_world_size, suite_name, test_id_of
+# The suites' modules (descriptors: pydantic and yaml; items: pytest) are imported by the commands that use them:
+# ``conformance callback`` and ``preflight`` run in every CI job, the callback from the standard library alone.
 
 COLUMNS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "unexpected_passes")
 HEADINGS = {"unexpected_passes": "unexpected passes"}
 
 
 def available_suites() -> list[str]:
+    from conformance.items import SUITES_DIR, suite_name
+
     return sorted(suite_name(p) for p in SUITES_DIR.glob("test_*.py"))
 
 
@@ -35,6 +37,8 @@ def _suite_paths(names: list[str] | None) -> list[str]:
     if unknown:
         raise SystemExit(f"conformance: unknown suite {', '.join(map(repr, unknown))}; "
                          f"available: {', '.join(known)}")
+    from conformance.items import SUITES_DIR
+
     return [str(SUITES_DIR / f"test_{n}.py") for n in (names or known)]
 
 
@@ -203,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_backends(args: argparse.Namespace) -> int:
     from conformance.capabilities import probe_capabilities
-    from conformance.descriptors import load_descriptors
+    from conformance.descriptors import CAPABILITIES, DescriptorError, load_descriptors
     from conformance.detect import detect_backend, resolve_backend
 
     try:
@@ -262,6 +266,8 @@ class _Lister:
             self.errors.append(f"conformance: cannot collect {report.nodeid}:\n{report.longreprtext}")
 
     def pytest_collection_finish(self, session) -> None:
+        from conformance.items import required_capabilities, required_world_size, test_id_of
+
         for item in session.items:
             needs = ", ".join(required_capabilities(item)) or "-"
             ranks = required_world_size(item)

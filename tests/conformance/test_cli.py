@@ -169,10 +169,10 @@ def test_list_with_a_bad_option_prints_the_error_and_no_tests(tmp_path):
 
 
 def test_list_names_a_suite_that_cannot_be_collected(tmp_path, monkeypatch, capsys):
-    from conformance import cli
+    from conformance import cli, items
 
     (tmp_path / "test_broken.py").write_text("import no_such_module_for_conformance\n")
-    monkeypatch.setattr(cli, "SUITES_DIR", tmp_path)
+    monkeypatch.setattr(items, "SUITES_DIR", tmp_path)  # where the command finds its suites
     monkeypatch.chdir(tmp_path)
     assert cli.main(["list"]) == 2
     out, err = capsys.readouterr()
@@ -253,3 +253,15 @@ def test_a_run_loads_its_own_plugins_not_every_plugin_installed_beside_them(tmp_
     assert loaded([sys.executable, "-m", "pytest"]), "the stand-in plugin is not installed: the check below proves nothing"
     assert not loaded(via_run + ["-n", "0"])
     assert loaded(via_run + ["-p", "noisy_plugin"])
+
+
+def test_the_ci_jobs_callback_and_preflight_commands_load_none_of_the_suites_modules():
+    """``conformance callback`` runs in every CI job, also after the suite's dependencies failed to install:
+    the command line of it, and of ``preflight``, imports neither pytest nor the descriptors' schema."""
+    script = ("import json, sys; from conformance.cli import build_parser; parser = build_parser(); "
+              "[parser.parse_args(argv) for argv in (['callback', 'in-progress'], ['preflight', 'torch'])]; "
+              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout))
+    assert loaded.isdisjoint({"pytest", "_pytest", "pydantic", "yaml", "torch", "jsonschema"}), loaded
