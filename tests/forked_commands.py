@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance.ranks.forkserver import ForkedRank, ForkServer, serve_forks
+from conformance.ranks.forkserver import ForkedRank, ForkServer, forget_modules_outside, serve_forks
 
 __all__ = ["ForkedCommand", "popen", "run"]
 
@@ -239,11 +239,8 @@ def _forget_modules_outside_the_interpreter() -> None:
     """Drop the modules a fresh interpreter would not have: the server's own (this module, the project's),
     anything not from the standard library or site-packages. The command imports them afresh."""
     paths = sysconfig.get_paths()
-    kept = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if file and not any(Path(file).resolve().is_relative_to(root) for root in kept):
-            _FORGOTTEN.append(sys.modules.pop(name))
+    kept = {Path(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    _FORGOTTEN.extend(forget_modules_outside(kept))
 
 
 _FORGOTTEN: list[Any] = []  # kept referenced, so that nothing of them is finalized in the child

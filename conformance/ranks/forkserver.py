@@ -296,38 +296,46 @@ def _as_fresh_server(sock_fd: int) -> None:
 def _forget_the_runs_modules() -> None:
     """Drop from ``sys.modules`` what the run imported that a fresh server would not have: every module
     from outside the standard library, site-packages and this package, and the suites (test modules,
-    imported here under pytest's assertion rewriting). A rank imports them afresh, as it would.
-
-    Each module's file is first compared, as a string, with those folders as written and as resolved; only a
-    file under none of them is resolved (symbolic links) and compared again. Resolving each of the thousands
-    of modules a run with torch holds took about 0.15 s of CPU on every server forked."""
+    imported here under pytest's assertion rewriting). A rank imports them afresh, as it would."""
     here = Path(__file__)
-    package = here.resolve().parents[1]
     paths = sysconfig.get_paths()
     kept = {Path(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
     kept |= {Path(p) for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages")}
-    kept = {root.resolve() for root in kept} | {root for root in kept if root.is_absolute()} | {package, here.parents[1]}
-    suites = {package / "suites", here.parents[1] / "suites"}
+    _FORGOTTEN.extend(forget_modules_outside(kept | {here.parents[1]}, inside_but_forgotten={here.parents[1] / "suites"}))
 
-    def prefixes(folders) -> tuple[str, ...]:
-        return tuple(os.path.join(str(folder), "") for folder in folders)
 
-    suites_prefixes, kept_prefixes = prefixes(suites), prefixes(kept)
-    resolved_suites = package / "suites"
-    resolved_kept = {root.resolve() for root in kept}
+def forget_modules_outside(kept: set[Path], inside_but_forgotten: set[Path] = frozenset()) -> list[Any]:
+    """Drop from ``sys.modules`` every module whose file is outside the folders ``kept`` or inside one of
+    ``inside_but_forgotten``, symbolic links resolved; returns the modules dropped (keep them referenced, so
+    that nothing of them is finalized).
+
+    Each file is first compared, as a string, with the folders as written and as resolved; only a file under
+    none of them is resolved and compared again: resolving each of the thousands of modules a process with
+    torch holds took 0.15-0.2 s of CPU on every fork."""
+    kept_resolved = {folder.resolve() for folder in kept}
+    forgotten_resolved = {folder.resolve() for folder in inside_but_forgotten}
+
+    def prefixes(folders: set[Path], resolved: set[Path]) -> tuple[str, ...]:
+        return tuple(os.path.join(str(folder), "") for folder in resolved | {f for f in folders if f.is_absolute()})
+
+    kept_prefixes = prefixes(kept, kept_resolved)
+    forgotten_prefixes = prefixes(inside_but_forgotten, forgotten_resolved)
+    dropped = []
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if name == "__main__" or not file:
             continue
-        if file.startswith(suites_prefixes):
+        if file.startswith(forgotten_prefixes):
             forget = True
         elif file.startswith(kept_prefixes):
             forget = False
         else:
             path = Path(file).resolve()
-            forget = path.is_relative_to(resolved_suites) or not any(path.is_relative_to(root) for root in resolved_kept)
+            forget = (any(path.is_relative_to(folder) for folder in forgotten_resolved)
+                      or not any(path.is_relative_to(folder) for folder in kept_resolved))
         if forget:
-            _FORGOTTEN.append(sys.modules.pop(name))
+            dropped.append(sys.modules.pop(name))
+    return dropped
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:
