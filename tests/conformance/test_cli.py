@@ -256,8 +256,10 @@ def test_a_run_loads_its_own_plugins_not_every_plugin_installed_beside_them(tmp_
 
 
 def test_the_ci_jobs_callback_and_preflight_commands_load_none_of_the_suites_modules():
-    """``conformance callback`` runs in every CI job, also after the suite's dependencies failed to install:
-    the command line of it, and of ``preflight``, imports neither pytest nor the descriptors' schema."""
+    """``conformance callback`` and ``preflight`` run in every CI job, around the suite: their command line
+    imports neither pytest nor the descriptors' schema. pytest comes with the ``runner`` extra, which the job
+    installs after the package: when that install fails, the job's last step still reports with ``conformance
+    callback`` (before, its import of pytest failed, and the relay heard of the run only at its time-out)."""
     script = ("import json, sys; from conformance.cli import build_parser; parser = build_parser(); "
               "[parser.parse_args(argv) for argv in (['callback', 'in-progress'], ['preflight', 'torch'])]; "
               "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
