@@ -71,7 +71,7 @@ def waiting_allowed(workers: int, cores: int | None = None) -> int:
     """How many files that mostly wait may run at once: the workers beyond the cores (they would only
     share them), at least one; with a core for every worker, any number."""
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    return max(workers - cores, 1) if workers > cores else workers
+    return workers - cores if workers > cores else workers
 
 
 def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | None = None):

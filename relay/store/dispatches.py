@@ -138,7 +138,7 @@ def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
 
 
 # The states a claim looks for, as conditions each lookup can use with its index. ``now`` is a time, or the
-# bound parameter ``now`` of a statement built once (``_claim_statements``).
+# bound parameter ``now`` of a statement built once (``_OLDEST_DUE_PER_LANE`` and the others below).
 def _queued_due(now) -> tuple:
     return Dispatch.state == DispatchState.queued, Dispatch.next_attempt_at <= now
 
@@ -204,40 +204,30 @@ def end_claims(session: Session, claimer: str, now: dt.datetime) -> int:
     return ended.rowcount
 
 
-@dataclasses.dataclass(frozen=True)
-class _ClaimStatements:
-    """The statements of every claim and of the dispatcher's idle wait, built once with the time as the bound
-    parameter ``now``: built anew on each pass, their construction and cache keys cost more CPU than running
-    them (the dispatcher runs a claim after every wake)."""
-
-    oldest_due_per_lane: Any  # (backend, its oldest due queued row or None) per backend with queued rows
-    lease_ended: Any  # (id, backend) of the rows whose claim's lease ended
-    in_flight_backends: Any  # the backends with a live claim
-    next_retry: Any  # the earliest retry time still ahead
-    next_lease_end: Any  # the earliest end of a live lease
-
-
-def _claim_statements() -> _ClaimStatements:
-    queued, now = DispatchState.queued, bindparam("now")
+# The statements of every claim and of the dispatcher's idle wait, built once with the time as the bound
+# parameter ``now``: built anew on each pass, their construction and cache keys cost more CPU than running them
+# (the dispatcher runs a claim after every wake).
+def _oldest_due_per_lane_statement():
+    """(backend, its oldest due queued row or None) for each backend with queued rows."""
+    queued = DispatchState.queued
     lanes_start = select(func.min(Dispatch.backend).label("backend")).where(Dispatch.state == queued)
     lanes = lanes_start.cte("lanes", recursive=True)
     lanes = lanes.union_all(
         select(select(func.min(Dispatch.backend)).where(Dispatch.state == queued, Dispatch.backend > lanes.c.backend)
                .scalar_subquery()).where(lanes.c.backend.is_not(None))
     )
-    oldest = (select(Dispatch.id).where(*_queued_due(now), Dispatch.backend == lanes.c.backend)
+    oldest = (select(Dispatch.id).where(*_queued_due(bindparam("now")), Dispatch.backend == lanes.c.backend)
               .order_by(Dispatch.id).limit(1).scalar_subquery())
-    return _ClaimStatements(
-        oldest_due_per_lane=select(lanes.c.backend, oldest).where(lanes.c.backend.is_not(None)),
-        lease_ended=select(Dispatch.id, Dispatch.backend).where(*_lease_ended(now)),
-        in_flight_backends=select(Dispatch.backend).where(*_in_flight(now)),
-        next_retry=select(func.min(Dispatch.next_attempt_at)).where(Dispatch.state == queued, Dispatch.next_attempt_at > now),
-        next_lease_end=select(func.min(Dispatch.claimed_until)).where(Dispatch.state == DispatchState.sending,
-                                                                      Dispatch.claimed_until > now),
-    )
+    return select(lanes.c.backend, oldest).where(lanes.c.backend.is_not(None))
 
 
-_CLAIM = _claim_statements()
+_OLDEST_DUE_PER_LANE = _oldest_due_per_lane_statement()
+_LEASE_ENDED_ROWS = select(Dispatch.id, Dispatch.backend).where(*_lease_ended(bindparam("now")))
+_IN_FLIGHT_BACKENDS = select(Dispatch.backend).where(*_in_flight(bindparam("now")))
+_NEXT_RETRY = select(func.min(Dispatch.next_attempt_at)).where(Dispatch.state == DispatchState.queued,
+                                                               Dispatch.next_attempt_at > bindparam("now"))
+_NEXT_LEASE_END = select(func.min(Dispatch.claimed_until)).where(Dispatch.state == DispatchState.sending,
+                                                                 Dispatch.claimed_until > bindparam("now"))
 
 
 def _oldest_due_per_backend(
@@ -253,12 +243,12 @@ def _oldest_due_per_backend(
     """
     at = {"now": now}
     found: dict[str, int] = {}
-    for backend, dispatch_id in session.execute(_CLAIM.oldest_due_per_lane, at):
+    for backend, dispatch_id in session.execute(_OLDEST_DUE_PER_LANE, at):
         if dispatch_id is not None:
             found[backend] = dispatch_id
-    for dispatch_id, backend in session.execute(_CLAIM.lease_ended, at):
+    for dispatch_id, backend in session.execute(_LEASE_ENDED_ROWS, at):
         found[backend] = min(found.get(backend, dispatch_id), dispatch_id)
-    skipped = set(exclude_backends) | set(session.scalars(_CLAIM.in_flight_backends, at))
+    skipped = set(exclude_backends) | set(session.scalars(_IN_FLIGHT_BACKENDS, at))
     candidates = sorted((i, b) for b, i in found.items() if b not in skipped)[:limit]
     return {backend: dispatch_id for dispatch_id, backend in candidates}
 
@@ -317,8 +307,8 @@ def next_due_at(session: Session, now: dt.datetime) -> dt.datetime | None:
 
     Rows already due are left out: if one was not claimed, its backend is busy or its credential rests,
     and what ends that (a finished send, the rest's end) is waited for on its own."""
-    queued = session.scalar(_CLAIM.next_retry, {"now": now})
-    leased = session.scalar(_CLAIM.next_lease_end, {"now": now})
+    queued = session.scalar(_NEXT_RETRY, {"now": now})
+    leased = session.scalar(_NEXT_LEASE_END, {"now": now})
     candidates = [t for t in (queued, leased) if t is not None]
     return min(candidates) if candidates else None
 
