@@ -130,6 +130,8 @@ class PeriodicThread:
             self._wait()
 
     def _wait(self) -> None:
+        if self._stop.is_set():  # a pause inside the pass may have spent stop()'s wake
+            return
         if self.next_wait is not None:
             seconds = self.next_wait()
             if seconds > 0:
