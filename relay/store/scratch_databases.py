@@ -13,13 +13,13 @@ and waits (up to 5 s, the server's rule) for the ended sessions to go.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
 
 from relay.store.database import normalise_url
 
@@ -30,11 +30,17 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 class ScratchDatabaseInUse(RuntimeError):
-    """A scratch database could not be dropped: sessions of another role are still connected to it."""
+    """A scratch database could not be dropped (sessions of another role are still connected to it), or a
+    template could not be copied (sessions are connected to it)."""
 
 
+@functools.lru_cache(maxsize=8)
 def _admin_engine(admin_url: str):
-    return create_engine(normalise_url(admin_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    """One engine per admin URL for the process, keeping one idle session in the admin's database: a test run
+    makes a database per test, and a new engine's first connection costs the server about 30 ms of CPU
+    (its login and SQLAlchemy's questions about the server), several times the copy itself."""
+    return create_engine(normalise_url(admin_url), isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=4,
+                         pool_pre_ping=True)  # a server restarted under the same URL (a private test cluster)
 
 
 def _checked(name: str, what: str) -> str:
@@ -43,15 +49,34 @@ def _checked(name: str, what: str) -> str:
     return name
 
 
-def create_scratch_database(admin_url: str, prefix: str) -> str:
-    """Create ``<prefix>_<12 hex digits>`` as the admin role; return its URL (the admin URL's credentials)."""
+def create_scratch_database(admin_url: str, prefix: str, *, template: str | None = None) -> str:
+    """Create ``<prefix>_<12 hex digits>`` as the admin role; return its URL (the admin URL's credentials).
+
+    ``template``: the URL of a database to copy (tables, rows and all), e.g. one migrated once for many tests.
+    PostgreSQL copies it file by file (``STRATEGY FILE_COPY``, PostgreSQL 15 and newer; older servers know no
+    other way) rather than page by page through the write-ahead log: for a small database, less than half
+    the server's CPU. Raises :class:`ScratchDatabaseInUse` when sessions stay connected to the template through
+    the server's wait (5 s).
+    """
     name = _checked(f"{prefix}_{uuid.uuid4().hex[:12]}", "scratch database name")
-    engine = _admin_engine(admin_url)
-    try:
-        with engine.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        engine.dispose()
+    statement = f'CREATE DATABASE "{name}"'
+    source = None
+    if template is not None:
+        source = _checked(make_url(template).database or "", "template database name")
+        statement += f' TEMPLATE "{source}"'
+    with _admin_engine(admin_url).connect() as connection:
+        if source is not None and connection.dialect.server_version_info >= (15,):
+            statement += " STRATEGY FILE_COPY"
+        try:
+            connection.execute(text(statement))
+        except DBAPIError as exc:
+            if source is None or getattr(exc.orig, "sqlstate", None) != "55006":  # object_in_use
+                raise
+            # Refused after the server's own wait (5 s): sessions just closed are given time to end.
+            raise ScratchDatabaseInUse(
+                f"cannot copy template database {source!r}: sessions are connected to it; close them (dispose "
+                "of its engine) before making copies"
+            ) from exc
     return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
@@ -62,27 +87,23 @@ def drop_scratch_database(admin_url: str, database_url: str) -> None:
     of other roles outlive the server's wait.
     """
     name = _checked(make_url(database_url).database or "", "database name")
-    engine = _admin_engine(admin_url)
-    try:
-        with engine.connect() as connection:
-            connection.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :name AND usename = current_user AND pid <> pg_backend_pid()"
-                ),
-                {"name": name},
-            )
-            try:
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-            except DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) != "55006":  # object_in_use
-                    raise
-                holders = connection.execute(
-                    text("SELECT count(*) FROM pg_stat_activity WHERE datname = :name"), {"name": name}
-                ).scalar_one()
-                raise ScratchDatabaseInUse(
-                    f"cannot drop scratch database {name!r}: {holders} session(s) of other roles are still "
-                    "connected to it; end them (pg_terminate_backend as their role or a superuser) and drop it again"
-                ) from exc
-    finally:
-        engine.dispose()
+    with _admin_engine(admin_url).connect() as connection:
+        connection.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :name AND usename = current_user AND pid <> pg_backend_pid()"
+            ),
+            {"name": name},
+        )
+        try:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "55006":  # object_in_use
+                raise
+            holders = connection.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE datname = :name"), {"name": name}
+            ).scalar_one()
+            raise ScratchDatabaseInUse(
+                f"cannot drop scratch database {name!r}: {holders} session(s) of other roles are still "
+                "connected to it; end them (pg_terminate_backend as their role or a superuser) and drop it again"
+            ) from exc

@@ -8,17 +8,15 @@ of the migrations themselves.
 
 PostgreSQL: tests connect to ``$RELAY_TEST_POSTGRES_URL`` (default
 ``postgresql://relay:relay@127.0.0.1:5432/postgres``), a role allowed to CREATE DATABASE; each test
-gets its own schema of one database made for the session, dropped afterwards. When no server answers, the
+gets a database of its own, dropped at the end of the session. When no server answers, the
 PostgreSQL variants are skipped with the reason (start one with ``pg_ctlcluster 15 main start``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -57,46 +55,13 @@ def _postgres_unavailable() -> str | None:
     return _postgres_problem[0]
 
 
-_session_database: list[str] = []
-
-
-_MIGRATED_POSTGRES = MigratedPostgres()
-
-
-@contextlib.contextmanager
-def postgres_database(*, migrated: bool = False):
-    """A fresh PostgreSQL schema in this session's test database, empty or (``migrated``) at the newest
-    revision; yields a URL that uses it.
-
-    A schema per test isolates as well as a database per test (the relay names no schema: it follows
-    ``search_path``) and costs milliseconds instead of a CREATE DATABASE checkpoint.
-    """
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from relay.store import create_scratch_database
-
-    if not _session_database:
-        _session_database.append(create_scratch_database(POSTGRES_ADMIN_URL, "relay_test"))
-    url = make_url(_session_database[0])
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    connect_url = url.render_as_string(hide_password=False)
-    with psycopg.connect(connect_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    schema_url = url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    if migrated:
-        _MIGRATED_POSTGRES.migrate(schema_url, connect_url, schema)
-    yield schema_url
+_POSTGRES = MigratedPostgres(POSTGRES_ADMIN_URL)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _drop_test_database():
+def _drop_test_databases():
     yield
-    if not _session_database:
-        return
-    from relay.store import drop_scratch_database
-
-    drop_scratch_database(POSTGRES_ADMIN_URL, _session_database[0])
+    _POSTGRES.drop_all()
 
 
 @pytest.fixture(scope="session")
@@ -151,9 +116,10 @@ def _skip_without_postgres() -> None:
 
 
 def _fresh_postgres_url(*, migrated: bool):
+    """A database of the test's own: a copy of this process's migrated template, or (not ``migrated``) empty;
+    dropped at the end of the session, when no relay of any test holds a session in it any more."""
     _skip_without_postgres()
-    with postgres_database(migrated=migrated) as url:
-        yield url
+    yield _POSTGRES.copy() if migrated else _POSTGRES.empty()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Scratch databases for tests and benchmarks: made, dropped with sessions still open, dropped while
+"""Scratch databases for tests and benchmarks: made, copied from a template, dropped with sessions still open, dropped while
 autovacuum works in them (what ``DROP DATABASE ... WITH (FORCE)`` refuses a non-superuser), and a drop
 that other roles' sessions block is refused by name."""
 
@@ -43,6 +43,38 @@ def test_names_that_are_not_plain_identifiers_are_refused(postgres_admin_url):
         create_scratch_database(postgres_admin_url, "Bad-Prefix")
     with pytest.raises(ValueError, match=r"database name 'x\"; DROP' is not a plain lower-case identifier"):
         drop_scratch_database(postgres_admin_url, 'postgresql://relay@127.0.0.1/x"; DROP')
+
+
+def test_a_copy_of_a_template_holds_its_tables_and_rows_and_is_its_own(postgres_admin_url):
+    template = create_scratch_database(postgres_admin_url, "scratch_template")
+    copies = []
+    try:
+        with psycopg.connect(template, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (x int PRIMARY KEY)")
+            conn.execute("INSERT INTO t VALUES (1), (2)")
+        copies = [create_scratch_database(postgres_admin_url, "scratch_test", template=template) for _ in range(2)]
+        assert len({make_url(url).database for url in copies}) == 2
+        with psycopg.connect(copies[0], autocommit=True) as conn:
+            assert conn.execute("SELECT x FROM t ORDER BY x").fetchall() == [(1,), (2,)]
+            conn.execute("INSERT INTO t VALUES (3)")
+        with psycopg.connect(copies[1], autocommit=True) as conn:  # the first copy's write is its own
+            assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+    finally:
+        for url in [*copies, template]:
+            drop_scratch_database(postgres_admin_url, url)
+
+
+def test_a_template_with_a_session_open_is_refused_with_the_fix(postgres_admin_url):
+    template = create_scratch_database(postgres_admin_url, "scratch_template")
+    try:
+        with psycopg.connect(template):
+            with pytest.raises(ScratchDatabaseInUse, match=r"cannot copy template database 'scratch_template_[0-9a-f]{12}': "
+                                                           r"sessions are connected to it; close them"):
+                create_scratch_database(postgres_admin_url, "scratch_test", template=template)
+        with pytest.raises(ValueError, match=r"template database name 'x-y' is not a plain lower-case identifier"):
+            create_scratch_database(postgres_admin_url, "scratch_test", template="postgresql://relay@127.0.0.1/x-y")
+    finally:
+        drop_scratch_database(postgres_admin_url, template)
 
 
 @pytest.fixture(scope="module")
