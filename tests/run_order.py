@@ -11,7 +11,9 @@ teardown, summed) and the CPU seconds their processes used (``cpu``), written by
   time-outs, a relay's back-offs, other processes): under ``WAITING_SHARE`` of a core busy over their wall
   time. More of them at once than there are workers beyond the cores leave a core idle. So while that many
   run, a worker is given the next file that computes instead, if one is among the next ``LOOKAHEAD`` of the
-  order; the waiting file keeps its place and starts when fewer wait.
+  order; the waiting file keeps its place and starts when fewer wait. And while fewer run, a worker is given
+  the next file that waits, wherever it is in the order: waiting files left for the end of the run have no
+  computing files beside them to fill the cores (measured: 30-40 core-seconds idle in the last minute).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | Non
             super().__init__(config, log)
             self.costs = costs if costs is not None else FileCosts.load()
             self.waiting_allowed = waiting_allowed(self.numnodes, cores)
+            self.bound_by_cpu = self.waiting_allowed < self.numnodes
 
         def _assign_work_unit(self, node) -> None:
             chosen = self._next_file()
@@ -101,6 +104,8 @@ def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | Non
             first = next(iter(self.workqueue))
             waiting = sum(self.costs.of(file).waits for file in self._running_files())
             if waiting < self.waiting_allowed:
+                if self.bound_by_cpu:  # the waiting files early, while computing ones remain to run beside them
+                    return next((file for file in self.workqueue if self.costs.of(file).waits), first)
                 return first
             for file in itertools.islice(self.workqueue, LOOKAHEAD):
                 if not self.costs.of(file).waits:

@@ -54,12 +54,13 @@ AS_THE_CONFTEST_LEAVES_IT = types.SimpleNamespace(loadscopereorder=False)
 WAITS, COMPUTES = FileCost(wall=30.0, cpu=1.0), FileCost(wall=10.0, cpu=9.0)
 
 
-def _scheduled(files: list[str], costs: dict[str, FileCost], workers: int = 1):
-    """The scheduler for one core, its workers and the collection (one test per file, in ``files``' order),
-    scheduled: one file that waits at a time."""
+def _scheduled(files: list[str], costs: dict[str, FileCost], workers: int = 1, cores: int = 1):
+    """The scheduler for ``cores`` (one: one file that waits at a time), its workers and the collection (one test
+    per file, in ``files``' order), scheduled."""
     collection = [f"tests/{name}.py::test_one" for name in files]
     scheduler = run_order.make_scheduler(_RunConfig(AS_THE_CONFTEST_LEAVES_IT, workers), None,
-                                         FileCosts({f"tests/{name}.py": cost for name, cost in costs.items()}), cores=1)
+                                         FileCosts({f"tests/{name}.py": cost for name, cost in costs.items()}),
+                                         cores=cores)
     nodes = [_Worker(f"gw{n}") for n in range(workers)]
     for node in nodes:
         scheduler.add_node(node)
@@ -100,6 +101,21 @@ def test_a_waiting_file_passed_over_starts_once_no_other_waits():
     assert _files(worker, collection) == ["wait1", "compute1", "wait2"]  # only compute1 runs: wait2 keeps its place
     scheduler.mark_test_complete(worker, collection.index("tests/compute1.py::test_one"))
     assert _files(worker, collection) == ["wait1", "compute1", "wait2", "compute2"]
+
+
+def test_with_more_workers_than_cores_a_free_worker_gets_the_next_waiting_file_wherever_it_is_in_the_order():
+    # Left at the end of the order, waiting files would run with nothing beside them to use the cores.
+    costs = {"compute1": COMPUTES, "compute2": COMPUTES, "compute3": COMPUTES, "wait1": WAITS, "wait2": WAITS}
+    scheduler, (a, b), collection = _scheduled(["compute1", "compute2", "compute3", "wait1", "wait2"], costs, workers=2)
+    assert _files(a, collection) == ["wait1", "compute2"] and _files(b, collection) == ["compute1", "compute3"]
+    scheduler.mark_test_complete(a, collection.index("tests/wait1.py::test_one"))
+    assert _files(a, collection) == ["wait1", "compute2", "wait2"]  # none waits now: the next waiting file
+
+
+def test_with_a_core_for_every_worker_files_go_costliest_first_whether_they_wait_or_not():
+    costs = {"compute1": COMPUTES, "compute2": COMPUTES, "wait1": WAITS}
+    _, (a, b), collection = _scheduled(["compute1", "compute2", "wait1"], costs, workers=2, cores=2)
+    assert _files(a, collection) == ["compute1", "wait1"] and _files(b, collection) == ["compute2"]
 
 
 def test_with_no_file_that_computes_within_the_lookahead_the_next_file_goes_as_ordered():
