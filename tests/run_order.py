@@ -11,9 +11,10 @@ teardown, summed) and the CPU seconds their processes used (``cpu``), written by
   time-outs, a relay's back-offs, other processes): under ``WAITING_SHARE`` of a core busy over their wall
   time. More of them at once than there are workers beyond the cores leave a core idle. So while that many
   run, a worker is given the next file that computes instead, if one is among the next ``LOOKAHEAD`` of the
-  order; the waiting file keeps its place and starts when fewer wait. And while fewer run, a worker is given
-  the next file that waits, wherever it is in the order: waiting files left for the end of the run have no
-  computing files beside them to fill the cores (measured: 30-40 core-seconds idle in the last minute).
+  order; the waiting file keeps its place and starts when fewer wait. And the waiting files run early, in
+  lanes: a worker that holds one is given the next waiting file, wherever it is in the order, as is a worker
+  when fewer workers than that many hold one. Left for the end of the run, they would have no computing
+  files beside them to fill the cores (measured: 30-40 core-seconds idle in the last minute).
 """
 
 from __future__ import annotations
@@ -91,21 +92,25 @@ def make_scheduler(config, log, costs: FileCosts | None = None, cores: int | Non
             self.bound_by_cpu = self.waiting_allowed < self.numnodes
 
         def _assign_work_unit(self, node) -> None:
-            chosen = self._next_file()
+            chosen = self._next_file(node)
             self.workqueue.move_to_end(chosen, last=False)  # xdist assigns the head of its queue
             super()._assign_work_unit(node)
 
-        def _running_files(self) -> list[str]:
-            """The files handed to a worker with tests still to run (running, or queued behind its current one)."""
-            return [file for work in self.assigned_work.values() for file, done in work.items()
-                    if not all(done.values())]
+        def _unfinished(self, node) -> list[str]:
+            """The files handed to ``node`` with tests still to run (running, or queued behind its current one)."""
+            return [file for file, done in self.assigned_work[node].items() if not all(done.values())]
 
-        def _next_file(self) -> str:
+        def _holds_waiting_file(self, node) -> bool:
+            return any(self.costs.of(file).waits for file in self._unfinished(node))
+
+        def _next_file(self, node) -> str:
             first = next(iter(self.workqueue))
-            waiting = sum(self.costs.of(file).waits for file in self._running_files())
-            if waiting < self.waiting_allowed:
-                if self.bound_by_cpu:  # the waiting files early, while computing ones remain to run beside them
+            if self.bound_by_cpu:
+                lanes = sum(self._holds_waiting_file(other) for other in self.assigned_work)
+                if self._holds_waiting_file(node) or lanes < self.waiting_allowed:
                     return next((file for file in self.workqueue if self.costs.of(file).waits), first)
+            elif sum(self.costs.of(file).waits for other in self.assigned_work
+                     for file in self._unfinished(other)) < self.waiting_allowed:
                 return first
             for file in itertools.islice(self.workqueue, LOOKAHEAD):
                 if not self.costs.of(file).waits:

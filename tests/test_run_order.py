@@ -103,13 +103,25 @@ def test_a_waiting_file_passed_over_starts_once_no_other_waits():
     assert _files(worker, collection) == ["wait1", "compute1", "wait2", "compute2"]
 
 
-def test_with_more_workers_than_cores_a_free_worker_gets_the_next_waiting_file_wherever_it_is_in_the_order():
+def test_with_more_workers_than_cores_waiting_files_run_first_in_one_lane_wherever_they_are_in_the_order():
     # Left at the end of the order, waiting files would run with nothing beside them to use the cores.
     costs = {"compute1": COMPUTES, "compute2": COMPUTES, "compute3": COMPUTES, "wait1": WAITS, "wait2": WAITS}
     scheduler, (a, b), collection = _scheduled(["compute1", "compute2", "compute3", "wait1", "wait2"], costs, workers=2)
-    assert _files(a, collection) == ["wait1", "compute2"] and _files(b, collection) == ["compute1", "compute3"]
+    assert _files(a, collection) == ["wait1", "wait2"]  # the lane holds a waiting file: the next one queues there
+    assert _files(b, collection) == ["compute1", "compute2"]
     scheduler.mark_test_complete(a, collection.index("tests/wait1.py::test_one"))
-    assert _files(a, collection) == ["wait1", "compute2", "wait2"]  # none waits now: the next waiting file
+    scheduler.mark_test_complete(a, collection.index("tests/wait2.py::test_one"))
+    assert _files(a, collection) == ["wait1", "wait2", "compute3"]  # no waiting file left
+
+
+def test_a_worker_running_a_computing_file_gets_a_waiting_file_only_when_a_lane_is_free():
+    costs = {"compute1": COMPUTES, "compute2": COMPUTES, "compute3": COMPUTES, "wait1": WAITS, "wait2": WAITS,
+             "wait3": WAITS}
+    scheduler, (a, b), collection = _scheduled(["compute1", "compute2", "compute3", "wait1", "wait2", "wait3"],
+                                               costs, workers=2)
+    assert _files(b, collection) == ["compute1", "compute2"]
+    scheduler.mark_test_complete(b, collection.index("tests/compute1.py::test_one"))
+    assert _files(b, collection) == ["compute1", "compute2", "compute3"]  # a's lane is the one allowed
 
 
 def test_with_a_core_for_every_worker_files_go_costliest_first_whether_they_wait_or_not():
