@@ -71,7 +71,7 @@ def _sqlite_templates(tmp_path_factory) -> Path:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request, tmp_path: Path):
-    """Every store-touching test runs twice: on a SQLite file and on a fresh PostgreSQL schema, each at the
+    """Every store-touching test runs twice: on a SQLite file and on a fresh PostgreSQL database, each at the
     newest schema revision."""
     if request.param == "sqlite":
         yield copy_migrated_sqlite(request.getfixturevalue("_sqlite_templates"), tmp_path / "relay.db")

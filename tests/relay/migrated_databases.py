@@ -50,7 +50,7 @@ class MigratedPostgres:
         self.admin_url = admin_url
         self._template: str | None = None
         self._made: list[str] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # copy() makes the template under it, and keeps it like any other
 
     def empty(self) -> str:
         """A new empty database (for the tests of the migrations themselves); returns its URL."""
@@ -84,8 +84,7 @@ class MigratedPostgres:
         from relay.store import create_scratch_database
         from relay.store.database import create_store_engine, run_migrations
 
-        template = create_scratch_database(self.admin_url, "relay_template")
-        self._made.append(template)  # under the lock copy() holds
+        template = self._keep(create_scratch_database(self.admin_url, "relay_template"))
         engine = create_store_engine(template)
         try:
             run_migrations(engine)
