@@ -44,12 +44,14 @@ def copy_migrated_sqlite(template_folder: Path, path: Path) -> str:
 
 class MigratedPostgres:
     """MigratedPostgres(admin_url): scratch databases at the newest revision, each a copy of one template that
-    this process migrated for real. ``drop_all()`` drops the copies and the template."""
+    this process migrated for real. ``release(url)`` then ``drop_released()`` drops one a test is done with;
+    ``drop_all()`` drops what is left, the template too."""
 
     def __init__(self, admin_url: str):
         self.admin_url = admin_url
         self._template: str | None = None
         self._made: list[str] = []
+        self._released: list[str] = []  # made, and done with: dropped at the next drop_released()
         self._lock = threading.RLock()  # copy() makes the template under it, and keeps it like any other
 
     def empty(self) -> str:
@@ -67,11 +69,28 @@ class MigratedPostgres:
                 self._template = self._migrated_template()
         return self._keep(create_scratch_database(self.admin_url, "relay_test", template=self._template))
 
+    def release(self, url: str) -> None:
+        """The test that had ``url`` is done with it: the next ``drop_released()`` drops it."""
+        with self._lock:
+            self._released.append(url)
+
+    def drop_released(self) -> None:
+        """Drop the released databases; one that fails to drop is left to ``drop_all()``, and so are those
+        after it."""
+        from relay.store import drop_scratch_database
+
+        with self._lock:
+            released, self._released = self._released, []
+        for url in released:
+            drop_scratch_database(self.admin_url, url)
+            with self._lock:
+                self._made.remove(url)
+
     def drop_all(self) -> None:
         from relay.store import drop_scratch_database
 
         with self._lock:
-            made, self._made, self._template = self._made, [], None
+            made, self._made, self._released, self._template = self._made, [], [], None
         for url in made:
             drop_scratch_database(self.admin_url, url)
 

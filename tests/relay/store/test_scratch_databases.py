@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from relay.store import ScratchDatabaseInUse, create_scratch_database, drop_scratch_database
 from tests.relay import private_postgres
+from tests.relay.migrated_databases import MigratedPostgres
 
 pytestmark = pytest.mark.postgres
 
@@ -75,6 +76,31 @@ def test_a_template_with_a_session_open_is_refused_with_the_fix(postgres_admin_u
             create_scratch_database(postgres_admin_url, "scratch_test", template="postgresql://relay@127.0.0.1/x-y")
     finally:
         drop_scratch_database(postgres_admin_url, template)
+
+
+def test_a_tests_migrated_copy_is_dropped_once_released_and_the_rest_at_the_end(postgres_admin_url):
+    """What each PostgreSQL relay test gets (``conftest._fresh_postgres_url``): a copy released at its fixture's
+    teardown and dropped after the test's (``drop_released``), even with a store's session still open in it;
+    the other copies and the template are left to ``drop_all``."""
+    databases = MigratedPostgres(postgres_admin_url)
+    first, second = databases.copy(), databases.copy()
+    names = {url: make_url(url).database for url in (first, second)}
+    try:
+        leaked = psycopg.connect(first)
+        leaked.execute("SELECT count(*) FROM deliveries")  # migrated: the relay's tables are there
+        databases.release(first)
+        assert _exists(postgres_admin_url, names[first])  # released, not dropped yet
+        databases.drop_released()
+        assert not _exists(postgres_admin_url, names[first])
+        assert _exists(postgres_admin_url, names[second])
+        leaked.close()
+        databases.drop_released()  # nothing more was released
+        assert _exists(postgres_admin_url, names[second])
+    finally:
+        template = databases._template
+        databases.drop_all()
+    assert not _exists(postgres_admin_url, names[second])
+    assert not _exists(postgres_admin_url, make_url(template).database)
 
 
 @pytest.fixture(scope="module")
