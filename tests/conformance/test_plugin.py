@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import time
 import uuid
@@ -80,6 +81,13 @@ def outcomes(report):
 
 
 def test_skip_xfail_and_report(pytester, suite):
+    pytester.makeconftest("""
+        import json
+        def pytest_runtest_logreport(report):
+            if report.when == "call" and report.longrepr is not None:
+                with open("longreprs.json", "a") as f:
+                    f.write(json.dumps([report.nodeid.rsplit("::", 1)[-1], str(report.longrepr)]) + "\\n")
+    """)
     result = pytester.runpytest_subprocess("--backends-dir", str(suite), "--conformance-report", "report.json",
                                            "--junitxml", "junit.xml", "-rsxX", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1, skipped=3, xfailed=1, xpassed=1)
@@ -124,6 +132,13 @@ def test_skip_xfail_and_report(pytester, suite):
         "conformance.outcome": "unexpected_pass", "conformance.known_failure.match": "demo::test_fixed_bug",
         "conformance.known_failure.reason": "was wrong once", "conformance.known_failure.link": "https://example.org/2"}
     assert not list(fixed.iter("failure"))
+    # The known failure's traceback, which nothing shows, is brief (the error, no statements or arguments,
+    # which cost ~8 ms a test to format); a failure's is pytest's whole traceback.
+    longreprs = dict(json.loads(line) for line in (pytester.path / "longreprs.json").read_text().splitlines())
+    assert longreprs["test_known_bug"].startswith("E   assert [3, 3] == [0, 0]\n")
+    assert "ranks.run" not in longreprs["test_known_bug"]
+    assert re.search(r"^    def test_fails\(ranks\):\n>\s+assert ranks.run\(on_rank, 1\) == \[4, 4\]",
+                     longreprs["test_fails"], re.MULTILINE)
     failed = next(case for case in junit.iter("testcase") if case.get("name") == "test_fails")
     assert list(failed.iter("failure"))
     assert {p.get("name"): p.get("value") for p in failed.iter("property")} == {"conformance.world_size": "2"}
