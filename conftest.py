@@ -46,6 +46,30 @@ def _pytester_runs_without_unused_plugins(request, monkeypatch):
         monkeypatch.setenv("PYTEST_ADDOPTS", _BLOCK_UNUSED_PLUGINS)
 
 
+def keeps_torch_imported(name: str) -> bool:
+    """What pytester leaves imported when it restores ``sys.modules`` after a test or an in-process run: its own
+    exceptions (zope, readline), and torch. A torch module taken out of ``sys.modules`` cannot be imported again
+    in that process: its operator library is still registered ("Only a single TORCH_LIBRARY can be used to
+    register the namespace symm_mem"), so a test that first imported one under pytester would break every later
+    test of its worker that imports it."""
+    return name == "torch" or name.startswith(("torch.", "zope", "readline"))
+
+
+@pytest.fixture(autouse=True)
+def _pytester_keeps_torch_imported(request, monkeypatch):
+    if "pytester" not in request.fixturenames:
+        return
+    from _pytest.pytester import SysModulesSnapshot
+
+    pytester = request.getfixturevalue("pytester")
+
+    def snapshot():
+        return SysModulesSnapshot(preserve=keeps_torch_imported)
+
+    pytester._sys_modules_snapshot = snapshot()  # the one restored after the test (nothing imported since it)
+    monkeypatch.setattr(pytester, "_Pytester__take_sys_modules_snapshot", snapshot)  # each in-process run's
+
+
 # The order of the project's own test run (tests/run_order.py): the costliest test files first, by what each
 # cost in the last measured run (tests/file_costs.json), and with `--dist loadfile` a scheduler that keeps the
 # files that mostly wait from running beside each other. The order within a file is kept.
