@@ -38,14 +38,6 @@ def pytest_configure(config):
         os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {_BLOCK_UNUSED_PLUGINS}".strip()
 
 
-@pytest.fixture(autouse=True)
-def _pytester_runs_without_unused_plugins(request, monkeypatch):
-    """pytester clears PYTEST_ADDOPTS for its runs: give them back the plugins' block (and nothing else)."""
-    if "pytester" in request.fixturenames:
-        request.getfixturevalue("pytester")
-        monkeypatch.setenv("PYTEST_ADDOPTS", _BLOCK_UNUSED_PLUGINS)
-
-
 def keeps_torch_imported(name: str) -> bool:
     """What pytester leaves imported when it restores ``sys.modules`` after a test or an in-process run: its own
     exceptions (zope, readline), and torch. A torch module taken out of ``sys.modules`` cannot be imported again
@@ -56,12 +48,15 @@ def keeps_torch_imported(name: str) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _pytester_keeps_torch_imported(request, monkeypatch):
+def _pytester_runs_without_unused_plugins(request, monkeypatch):
+    """pytester clears PYTEST_ADDOPTS for its runs: give them back the plugins' block (and nothing else); and
+    it keeps torch's modules imported (``keeps_torch_imported``)."""
     if "pytester" not in request.fixturenames:
         return
     from _pytest.pytester import SysModulesSnapshot
 
     pytester = request.getfixturevalue("pytester")
+    monkeypatch.setenv("PYTEST_ADDOPTS", _BLOCK_UNUSED_PLUGINS)
 
     def snapshot():
         return SysModulesSnapshot(preserve=keeps_torch_imported)
