@@ -291,6 +291,92 @@ def divergent_slices(world: int, rows: int, like):
 
 # -- checks in the controller ---------------------------------------------------------------------
 
+# How long the late rank holds back for the first rank's side thread before joining anyway: a thread
+# that may take the GIL runs within milliseconds; one that cannot (the call holds the GIL) never does.
+LATE_PEER_PATIENCE_S = 5.0
+SIDE_THREAD_DELAY_S = 0.2  # after rank 0 says it enters its call, so the call has begun when it looks
+# The measured call's time-out: a call that deadlocks (the hazard measured) ends the check in bounded time.
+LATE_PEER_CALL_TIMEOUT_S = LATE_PEER_PATIENCE_S + 60.0
+_LOADED_FOR_LATE_PEER: dict = {}
+
+
+def prepare_late_peer_on_rank(ctx, path_name: str, model_name: str):
+    """Build (rank 0) and load the artifact, kept for ``late_peer_on_rank``; clear its signal file."""
+    from conformance.suites._precompile_models import model_spec
+    from conformance.suites._precompile_paths import resolve
+
+    path, spec = resolve(path_name), model_spec(model_name)
+    artifact, _record = ensure_built(ctx, path, spec)
+    _LOADED_FOR_LATE_PEER[(path_name, model_name)] = (spec.build(ctx), spec.example(ctx),
+                                                      _load(ctx, path, spec, artifact))
+    _late_peer_signal(ctx, path_name, model_name).unlink(missing_ok=True)
+    _barrier(ctx)
+
+
+def _late_peer_signal(ctx, path_name: str, model_name: str) -> Path:
+    return Path(ctx.shared_dir) / f"side-thread-ran-{_safe(path_name)}-{model_name}"
+
+
+def late_peer_on_rank(ctx, path_name: str, model_name: str):
+    """Rank 0 calls the loaded artifact while the last rank holds back its part of the collective
+    until a side thread of rank 0 has run during that call (a file in the shared directory), or
+    ``LATE_PEER_PATIENCE_S`` has passed. Rank 0 returns where its side thread found the call
+    ("in-call": waiting on the peer; "after-call": it had returned, the collective not blocking the
+    host); the last rank what it saw (None: nothing, the side thread never ran) and how long it waited."""
+    import threading
+    import time
+
+    model, inputs, call = _LOADED_FOR_LATE_PEER.pop((path_name, model_name))
+    signal = _late_peer_signal(ctx, path_name, model_name)
+    # A pause without the GIL first: gloo's workers finish releasing the tensors of the collectives
+    # before (they take the GIL for a Python-owned one, holding their queue's lock), so that a call
+    # that keeps the GIL meets the late peer, not that lock.
+    time.sleep(SIDE_THREAD_DELAY_S)
+    if ctx.rank == 0:
+        entering, returned = threading.Event(), threading.Event()
+
+        def side_thread():
+            entering.wait()
+            time.sleep(SIDE_THREAD_DELAY_S)
+            signal.write_text("after-call" if returned.is_set() else "in-call")
+
+        thread = threading.Thread(target=side_thread, name="conformance-gil-probe", daemon=True)
+        thread.start()
+        entering.set()
+        with _no_grad():
+            call(model, *inputs)
+        returned.set()
+        thread.join()
+        return {"side_thread": signal.read_text()}
+    started, seen = time.monotonic(), None
+    if ctx.is_last:
+        while seen is None and time.monotonic() - started < LATE_PEER_PATIENCE_S:
+            seen = signal.read_text() if signal.exists() else None
+            if seen is None:
+                time.sleep(0.01)
+    held_back = round(time.monotonic() - started, 2)
+    with _no_grad():
+        call(model, *inputs)
+    return {"seen": seen, "held_back_s": held_back}
+
+
+def check_collective_wait_releases_gil(ranks, path_name: str, model_name: str = "allreduce") -> dict:
+    """A rank inside a loaded artifact whose collective waits for a late peer lets its other threads
+    run: holding the GIL there deadlocks any thread the collective needs that takes it (gloo's worker
+    releasing a Python-owned tensor under its queue lock does). Returns rank 0's finding."""
+    ranks.run(prepare_late_peer_on_rank, path_name, model_name)
+    results = ranks.run_with_timeout(LATE_PEER_CALL_TIMEOUT_S, late_peer_on_rank, path_name, model_name)
+    last = results[-1]
+    if last["seen"] is None:
+        raise ConformanceFailure(
+            f"rank 0's call into the {path_name} artifact of {model_name} held the GIL while its collective "
+            f"waited for rank {len(results) - 1}: a Python thread of rank 0 did not run in "
+            f"{last['held_back_s']} s (rank {len(results) - 1} held back its part until it did). A thread that "
+            "needs the GIL for the collective to finish (gloo's worker releasing a Python-owned tensor) then "
+            "deadlocks the rank")
+    return {"side_thread": results[0]["side_thread"], "held_back_s": last["held_back_s"]}
+
+
 def _compiled_at_load(counters: dict, traces_on_load: bool) -> str | None:
     """What the counters say was compiled at load or first call, or None. ``traces_on_load``: the
     path may trace with Dynamo then (a warm start), as long as Inductor only hits its caches."""

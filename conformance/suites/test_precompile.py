@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import requires, shared_dir
+from conformance import min_ranks, requires, shared_dir
 from conformance.suites import _precompile_bodies as bodies
 
 pytestmark = [requires("compile"), shared_dir]  # rank 0 builds, the others load its artifacts from ctx.shared_dir
@@ -81,3 +81,17 @@ def test_uneven_batches_across_ranks(ranks, path_name, inputs):
     global batch, so every rank but 0 passes a tensor with a storage offset."""
     _available(path_name)
     bodies.check_divergent(ranks, path_name, "mlp", views=inputs == "views-of-one-batch")
+
+
+@min_ranks(2)
+@pytest.mark.parametrize("path_name", PATHS)
+def test_collective_wait_lets_other_threads_run(ranks, path_name, record_property):
+    """Rank 0 runs the allreduce model's artifact while the last rank holds back its part until a
+    side thread of rank 0 has run: a call that keeps the GIL while it waits on another rank stops
+    every thread of the process, and deadlocks the rank when the collective needs one of them.
+    ``side_thread`` says where rank 0's call was when its thread ran: ``in-call`` (waiting, GIL
+    released) or ``after-call`` (the collective does not block the host, as on NCCL)."""
+    _available(path_name)
+    _needs_collectives_in_compile(ranks, "allreduce")
+    finding = bodies.check_collective_wait_releases_gil(ranks, path_name)
+    record_property("side_thread", finding["side_thread"])

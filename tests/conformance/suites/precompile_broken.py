@@ -2,8 +2,8 @@
 
 Handed to the suite's bodies by import path (``"tests.conformance.suites.precompile_broken:RecompilingLoadPath"``);
 the rank processes import this module themselves. Each wraps the real ``aot_compile`` path and
-breaks one promise: load without compiling, same bits on every rank, reproducible builds, and no
-silent recompilation for inputs the artifact was not built for.
+breaks one promise: load without compiling, same bits on every rank, reproducible builds, no
+silent recompilation for inputs the artifact was not built for, and no GIL held while a collective waits.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 
 from conformance.suites._precompile_paths import AotCompilePath
 
-__all__ = ["RankPerturbedPath", "RecompilingLoadPath", "SilentFallbackPath", "TimestampedBuildPath"]
+__all__ = ["GilHoldingCallPath", "RankPerturbedPath", "RecompilingLoadPath", "SilentFallbackPath",
+           "TimestampedBuildPath"]
 
 
 class RecompilingLoadPath(AotCompilePath):
@@ -81,3 +82,25 @@ class SilentFallbackPath(AotCompilePath):
             except RuntimeError:
                 return fallback(model, *inputs)
         return forgiving
+
+
+class GilHoldingCallPath(AotCompilePath):
+    """Bug: rank 0's call keeps the GIL while it waits, as a native binding that does not release it
+    does while its collective waits for a late rank: here it blocks in C with the GIL held (a
+    ``ctypes.PyDLL`` call) for longer than the late rank waits, then runs."""
+
+    name = "broken-gil-holding-call"
+
+    def load(self, ctx, fn, artifact, scratch, dynamic_batch):
+        import ctypes
+
+        from conformance.suites._precompile_bodies import LATE_PEER_PATIENCE_S
+
+        call = super().load(ctx, fn, artifact, scratch, dynamic_batch)
+        if ctx.rank != 0:
+            return call
+
+        def holding(model, *inputs):
+            ctypes.PyDLL(None).usleep(int((LATE_PEER_PATIENCE_S + 0.5) * 1e6))
+            return call(model, *inputs)
+        return holding

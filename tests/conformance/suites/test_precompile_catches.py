@@ -62,6 +62,21 @@ def test_the_real_path_refuses_the_same_input_clearly(pool):
     bodies.check_out_of_spec(pool, "aot_compile", "mlp", {"batch 1": "works or raises"})
 
 
+def test_a_call_that_holds_the_gil_while_its_collective_waits_is_caught(pool):
+    with pytest.raises(ConformanceFailure) as caught:
+        bodies.check_collective_wait_releases_gil(pool, broken("GilHoldingCallPath"))
+    message = str(caught.value)
+    assert f"rank 0's call into the {broken('GilHoldingCallPath')} artifact of allreduce held the GIL while its " \
+           "collective waited for rank 1: a Python thread of rank 0 did not run in 5." in message
+    assert "deadlocks the rank" in message
+
+
+def test_the_real_path_waits_for_a_late_rank_without_the_gil(pool):
+    """Control for the case above: on gloo the collective blocks the host, and rank 0's thread runs meanwhile."""
+    finding = bodies.check_collective_wait_releases_gil(pool, "aot_compile")
+    assert finding["side_thread"] == "in-call" and finding["held_back_s"] < bodies.LATE_PEER_PATIENCE_S
+
+
 def test_resolve_names_the_choices():
     assert isinstance(resolve("aot_compile"), AotCompilePath)
     with pytest.raises(ValueError, match="expected one of precompile, aot_compile, megacache, aoti"):
