@@ -91,12 +91,12 @@ def _builds(ctx) -> bool:
 
 def _build(ctx, path, spec, artifact: Path, scratch: Path) -> None:
     """The first rank on each device writes ``artifact`` (collective: ``_builds``). A build that runs a
-    collective model needs every rank in the call, so then every rank builds and only the builders'
-    results are kept."""
+    collective model needs every rank in the call (``build_runs_model``), so then every rank builds and
+    only the builders' results are kept."""
     from conformance.suites._precompile_models import forward
 
     builds = _builds(ctx)
-    if builds or spec.collective:
+    if builds or (spec.collective and path.build_runs_model):
         target = artifact if builds else scratch / f"discard-rank{ctx.rank}{path.suffix}"
         with _no_grad():
             path.build_to(forward, spec.build(ctx), spec.example(ctx), spec.dynamic_batch, target, scratch)

@@ -78,12 +78,14 @@ class PrecompilePath:
     ``build`` and ``load``.
 
     Attributes: ``name``; ``traces_on_load`` (True when Dynamo re-traces at first call by design,
-    as for a cache warm start); ``byte_deterministic`` (two cold builds must give the same bytes,
-    not just the same build key); ``suffix`` of the artifact file.
+    as for a cache warm start); ``build_runs_model`` (the build calls the model, as a JIT compile
+    does: a model with a collective then needs every rank in the build); ``byte_deterministic`` (two
+    cold builds must give the same bytes, not just the same build key); ``suffix`` of the artifact file.
     """
 
     name = "?"
     traces_on_load = False
+    build_runs_model = True
     byte_deterministic = False
     suffix = ".bin"
 
@@ -210,6 +212,7 @@ class AotInductorPath(PrecompilePath):
     builds in the same directory path."""
 
     name = "aoti"
+    build_runs_model = False  # export traces with fake tensors, and Inductor compiles what it traced
     byte_deterministic = True
     suffix = ".pt2"
 
