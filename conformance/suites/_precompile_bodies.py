@@ -328,9 +328,9 @@ def late_peer_on_rank(ctx, path_name: str, model_name: str):
 
     model, inputs, call = _LOADED_FOR_LATE_PEER.pop((path_name, model_name))
     signal = _late_peer_signal(ctx, path_name, model_name)
-    # A pause without the GIL first: gloo's workers finish releasing the tensors of the collectives
-    # before (they take the GIL for a Python-owned one, holding their queue's lock), so that a call
-    # that keeps the GIL meets the late peer, not that lock.
+    # A pause without the GIL first, giving gloo's workers time to finish releasing the tensors of the
+    # collectives before (they take the GIL for a Python-owned one, holding their queue's lock): a call
+    # that keeps the GIL should meet the late peer, not that lock (the time-out above bounds it if not).
     time.sleep(SIDE_THREAD_DELAY_S)
     if ctx.rank == 0:
         entering, returned = threading.Event(), threading.Event()
