@@ -295,6 +295,7 @@ def divergent_slices(world: int, rows: int, like):
 # that may take the GIL runs within milliseconds; one that cannot (the call holds the GIL) never does.
 LATE_PEER_PATIENCE_S = 5.0
 SIDE_THREAD_DELAY_S = 0.2  # after rank 0 says it enters its call, so the call has begun when it looks
+WORKER_RELEASE_PAUSE_S = 0.2  # before the measured call, without the GIL: see late_peer_on_rank
 # The measured call's time-out: a call that deadlocks (the hazard measured) ends the check in bounded time.
 LATE_PEER_CALL_TIMEOUT_S = LATE_PEER_PATIENCE_S + 60.0
 _LOADED_FOR_LATE_PEER: dict = {}
@@ -331,7 +332,7 @@ def late_peer_on_rank(ctx, path_name: str, model_name: str):
     # A pause without the GIL first, giving gloo's workers time to finish releasing the tensors of the
     # collectives before (they take the GIL for a Python-owned one, holding their queue's lock): a call
     # that keeps the GIL should meet the late peer, not that lock (the time-out above bounds it if not).
-    time.sleep(SIDE_THREAD_DELAY_S)
+    time.sleep(WORKER_RELEASE_PAUSE_S)
     if ctx.rank == 0:
         entering, returned = threading.Event(), threading.Event()
 

@@ -14,7 +14,8 @@ output hashes gathered over the process group are equal, outputs are bitwise equ
 compile and close to eager. Then: two independent builds share their build key (and their bytes,
 for forms that promise it: the test records ``byte_identical`` either way); inputs outside what the
 artifact was built for either work as its dynamic dimensions allow or raise a clear error, never
-recompiling; an uneven split (the last rank gets fewer rows) runs on every rank with rank 0's bits.
+recompiling; an uneven split (the last rank gets fewer rows) runs on every rank with rank 0's bits; and
+a rank whose artifact waits in its collective for a late rank lets its other threads run (the GIL).
 
 The bodies live in ``_precompile_bodies`` so the project's own tests run them on broken paths.
 Builds are cached per rank pool, and the run shares one Inductor cache directory: a case is a few
