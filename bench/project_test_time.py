@@ -64,18 +64,36 @@ def adopt_orphans() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def reap_orphans(grace: float = 10.0) -> None:
-    """Reap what the run left behind (``adopt_orphans``), waiting up to ``grace`` seconds for it to end."""
-    deadline = time.monotonic() + grace
+def orphan_names() -> list[str]:
+    """The command lines of this process's children still running (after the test command ended: what it left
+    behind)."""
+    names = []
+    for child in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # ended already, only not yet reaped
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        names.append(f"{child} {cmdline.strip()[:120]}")
+    return names
+
+
+def reap_orphans(grace: float = 10.0) -> int:
+    """Reap what the run left behind (``adopt_orphans``), waiting up to ``grace`` seconds for it to end;
+    returns how many were reaped."""
+    deadline, reaped = time.monotonic() + grace, 0
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
             if time.monotonic() > deadline:
-                return
+                return reaped
             time.sleep(0.05)
+        else:
+            reaped += 1
 
 
 def folder_of(path: str, depth: int) -> str:
@@ -101,8 +119,12 @@ def main() -> int:
         adopt_orphans()
         start, cpu_start = time.perf_counter(), os.times()
         result = subprocess.run(command, cwd=ROOT, env=env)
+        # The command's wall ends when pytest exits (what its caller waits for); what it left running is
+        # then waited for (its CPU belongs to the run) and reported, apart.
+        wall = time.perf_counter() - start
+        left_behind = orphan_names() if sys.platform.startswith("linux") else []
         reap_orphans()
-        wall, cpu_end = time.perf_counter() - start, os.times()
+        orphans_wall, cpu_end = time.perf_counter() - start - wall, os.times()
         if not junit.is_file():
             print(f"pytest wrote no JUnit file (exit {result.returncode})", file=sys.stderr)
             return 2
@@ -139,6 +161,8 @@ def main() -> int:
     print(f"\ncommand: python -m pytest {' '.join(pytest_args)}  (exit {result.returncode})")
     print(f"wall {wall:.1f} s; tests {len(cases)} ({', '.join(f'{n} {o}' for o, n in outcomes.most_common())}); "
           f"summed test time {total:.1f} s")
+    if left_behind:
+        print(f"left running when pytest exited, and ended {orphans_wall:.1f} s later: " + "; ".join(left_behind))
     print(f"worker use: {total / wall:.2f} of {workers} workers busy on average ({total / (wall * workers):.0%}; "
           "100 % is a perfectly packed run, the rest is start-up, collection and idle tails)")
     print(f"CPU: {run_cpu:.1f} s in all ({run_cpu / wall:.2f} cores busy on average): "
