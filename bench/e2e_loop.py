@@ -240,7 +240,11 @@ class Loop:
                         interrupted = True
                     time.sleep(0.05)
             finally:
-                if process.poll() is None:
+                # act leaves the processes of a step it cancelled running (a runner would end them): whatever
+                # is left of its process group goes with it.
+                try:
                     os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(10)
+                except ProcessLookupError:
+                    pass
+                process.wait(10)
         return ActRun(process.returncode, log.read_text(errors="replace"))
