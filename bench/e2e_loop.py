@@ -91,6 +91,27 @@ def without_known_failure(folder: Path, match: str) -> Path:
     return folder
 
 
+def end_processes_working_in(folder: Path) -> list[int]:
+    """SIGKILL every process (not this one) whose working directory is ``folder`` or below it; their pids.
+    Linux's ``/proc``; elsewhere nothing is found."""
+    root, ended = Path(folder).resolve(), []
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:  # gone, or not ours to read
+            continue
+        if cwd == root or root in cwd.parents:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                ended.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return ended
+
+
 @dataclasses.dataclass
 class ActRun:
     returncode: int
@@ -240,11 +261,11 @@ class Loop:
                         interrupted = True
                     time.sleep(0.05)
             finally:
-                # act leaves the processes of a step it cancelled running (a runner would end them): whatever
-                # is left of its process group goes with it.
-                try:
+                if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.wait(10)
+                    process.wait(10)
+                # act leaves the processes of a step it cancelled running, each step in a session of its own (a
+                # runner would end them): what still works in this run's repository or act's folders goes now.
+                for folder in (repo, home):
+                    end_processes_working_in(folder)
         return ActRun(process.returncode, log.read_text(errors="replace"))
