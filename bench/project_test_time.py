@@ -7,8 +7,11 @@ JUnit file, then prints the wall time, the summed time of every test (setup, cal
 busy the xdist workers were (summed time / (wall x workers), against a perfectly packed run: 100 %),
 the total per test folder (``--depth`` path parts) and the slowest tests, each in wall seconds and in CPU
 seconds with the test's processes (bench/cpu_per_test.py: on two cores the CPU is what runs out, so a test
-waiting on a time-out is long but cheap). Repeatable: run it on a quiet
-machine, from a fresh clone, and compare its lines before and after a change. ``--write-costs`` also
+waiting on a time-out is long but cheap). The wall ends when pytest exits; processes the run left behind are
+named, and waited for apart. It also prints the cores' idle time during the command and, as a gauge of the
+machine's speed at the time (it drifts by a tenth within hours), the CPU of a fresh ``import torch`` just
+before. Repeatable: run it on a quiet machine, from a fresh clone, and compare its lines before and after a
+change, at like gauges. ``--write-costs`` also
 writes each test file's summed seconds and CPU seconds to a JSON file: ``tests/file_costs.json`` is the
 table the test run's order comes from (tests/run_order.py: the costliest files start first, and the files
 that mostly wait do not run beside each other).
@@ -96,6 +99,27 @@ def reap_orphans(grace: float = 10.0) -> int:
             reaped += 1
 
 
+def import_torch_cpu(runs: int = 3) -> float:
+    """The least CPU seconds of ``runs`` fresh interpreters importing torch: how fast the machine is right now
+    (it drifts by a tenth from one hour to the next), so that two runs' figures can be compared."""
+    best = float("inf")
+    for _ in range(runs):
+        before = os.times()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        after = os.times()
+        best = min(best, after.children_user - before.children_user + after.children_system - before.children_system)
+    return best
+
+
+def idle_core_seconds() -> float | None:
+    """The machine's idle (and I/O wait) time so far, in core-seconds, from ``/proc/stat``; None elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
 def folder_of(path: str, depth: int) -> str:
     return "/".join(Path(path).parts[:depth])
 
@@ -116,12 +140,13 @@ def main() -> int:
                    "-o", "junit_duration_report=total", "-o", "junit_family=xunit1", "-p", "cpu_per_test"]
         env = {**os.environ, "PROJECT_TEST_CPU_DIR": str(cpu_dir),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
+        reference = import_torch_cpu()
         adopt_orphans()
-        start, cpu_start = time.perf_counter(), os.times()
+        start, cpu_start, idle_start = time.perf_counter(), os.times(), idle_core_seconds()
         result = subprocess.run(command, cwd=ROOT, env=env)
         # The command's wall ends when pytest exits (what its caller waits for); what it left running is
         # then waited for (its CPU belongs to the run) and reported, apart.
-        wall = time.perf_counter() - start
+        wall, idle_end = time.perf_counter() - start, idle_core_seconds()
         left_behind = orphan_names() if sys.platform.startswith("linux") else []
         reap_orphans()
         orphans_wall, cpu_end = time.perf_counter() - start - wall, os.times()
@@ -169,6 +194,9 @@ def main() -> int:
           f"{sum(cpu_of_test.values()):.1f} s in tests, {cpu_outside_tests:.1f} s in the workers outside them "
           "(start-up, collection, session fixtures' ends); the rest is the xdist controller and "
           "servers outside the run (PostgreSQL)")
+    idle = f"{idle_end - idle_start:.1f} core-seconds idle of {wall * os.cpu_count():.0f}" if idle_start is not None else "idle unknown"
+    print(f"the machine: {idle} during the command; `import torch` took {reference:.2f} s of CPU before it "
+          "(least of 3: compare runs at like figures)")
     print(f"\nper folder (depth {args.depth}): wall, CPU")
     for folder, seconds in per_folder.most_common():
         print(f"  {seconds:8.1f} s {cpu_per_folder[folder]:8.1f} s  {folder}")
