@@ -82,21 +82,19 @@ def orphan_names() -> list[str]:
     return names
 
 
-def reap_orphans(grace: float = 10.0) -> int:
+def reap_orphans(grace: float = 10.0) -> bool:
     """Reap what the run left behind (``adopt_orphans``), waiting up to ``grace`` seconds for it to end;
-    returns how many were reaped."""
-    deadline, reaped = time.monotonic() + grace, 0
+    whether all of it ended."""
+    deadline = time.monotonic() + grace
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return reaped
+            return True
         if pid == 0:
             if time.monotonic() > deadline:
-                return reaped
+                return False
             time.sleep(0.05)
-        else:
-            reaped += 1
 
 
 def import_torch_cpu(runs: int = 3) -> float:
@@ -148,7 +146,7 @@ def main() -> int:
         # then waited for (its CPU belongs to the run) and reported, apart.
         wall, idle_end = time.perf_counter() - start, idle_core_seconds()
         left_behind = orphan_names() if sys.platform.startswith("linux") else []
-        reap_orphans()
+        orphans_ended = reap_orphans()
         orphans_wall, cpu_end = time.perf_counter() - start - wall, os.times()
         if not junit.is_file():
             print(f"pytest wrote no JUnit file (exit {result.returncode})", file=sys.stderr)
@@ -187,7 +185,8 @@ def main() -> int:
     print(f"wall {wall:.1f} s; tests {len(cases)} ({', '.join(f'{n} {o}' for o, n in outcomes.most_common())}); "
           f"summed test time {total:.1f} s")
     if left_behind:
-        print(f"left running when pytest exited, and ended {orphans_wall:.1f} s later: " + "; ".join(left_behind))
+        ending = f"ended {orphans_wall:.1f} s later" if orphans_ended else f"still running {orphans_wall:.1f} s later"
+        print(f"left running when pytest exited ({ending}): " + "; ".join(left_behind))
     print(f"worker use: {total / wall:.2f} of {workers} workers busy on average ({total / (wall * workers):.0%}; "
           "100 % is a perfectly packed run, the rest is start-up, collection and idle tails)")
     print(f"CPU: {run_cpu:.1f} s in all ({run_cpu / wall:.2f} cores busy on average): "
