@@ -232,12 +232,26 @@ class LauncherPool(RankPool):
             if pending:
                 time.sleep(0.02)
         if pending:
+            # Which exchange, and how far the first silent peer got: launcher processes that disagree on the
+            # number of exchanges (one started a pool the other did not) wait for each other's keys in vain.
             self.lost = (f"{self._label()}: the launcher process of rank {', '.join(map(str, pending))} did not report "
-                         f"within {timeout + (grace or 0) + margin:g} s; the world cannot be formed again without "
+                         f"within {timeout + (grace or 0) + margin:g} s at exchange {n} (waiting for {' or '.join(sorted(wanted))}; "
+                         f"{self._progress_of(pending[0], n)}); the world cannot be formed again without "
                          "relaunching")
             self._teardown(self.lost)
             raise WorldLost(self.lost)
         return replies
+
+    def _progress_of(self, peer: int, n: int, span: int = 5) -> str:
+        """Where ``peer``'s replies in the store stop, within ``span`` exchanges of exchange ``n``, in words."""
+        try:
+            store = self._store()
+            last = next((k for k in range(n + span, max(n - span, 0), -1) if store.check([self._key(k, peer)])), None)
+        except Exception:  # noqa: BLE001 - the store has gone with its host
+            return f"the store of rank {peer}'s replies is gone"
+        if last is None:
+            return f"rank {peer} left no reply in the store within {span} exchanges of this one"
+        return f"rank {peer}'s last reply in the store is at exchange {last}"
 
 
 
