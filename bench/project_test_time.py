@@ -197,7 +197,8 @@ def main() -> int:
           f"{sum(cpu_of_test.values()):.1f} s in tests, {cpu_outside_tests:.1f} s in the workers outside them "
           "(start-up, collection, session fixtures' ends); the rest is the xdist controller and "
           "servers outside the run (PostgreSQL)")
-    idle = f"{idle_end - idle_start:.1f} core-seconds idle of {wall * os.cpu_count():.0f}" if idle_start is not None else "idle unknown"
+    idle = (f"{idle_end - idle_start:.1f} core-seconds idle of {wall * os.cpu_count():.0f}" if idle_start is not None
+            else "idle unknown")
     print(f"the machine: {idle} during the command; `import torch` took {reference:.2f} s of CPU before it "
           "(least of 3: compare runs at like figures)")
     print(f"\nper folder (depth {args.depth}): wall, CPU")

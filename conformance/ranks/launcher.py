@@ -235,9 +235,9 @@ class LauncherPool(RankPool):
             # Which exchange, and how far the first silent peer got: launcher processes that disagree on the
             # number of exchanges (one started a pool the other did not) wait for each other's keys in vain.
             self.lost = (f"{self._label()}: the launcher process of rank {', '.join(map(str, pending))} did not report "
-                         f"within {timeout + (grace or 0) + margin:g} s at exchange {n} (waiting for {' or '.join(sorted(wanted))}; "
-                         f"{self._progress_of(pending[0], n)}); the world cannot be formed again without "
-                         "relaunching")
+                         f"within {timeout + (grace or 0) + margin:g} s at exchange {n} (waiting for "
+                         f"{' or '.join(sorted(wanted))}; {self._progress_of(pending[0], n)}); the world cannot be "
+                         "formed again without relaunching")
             self._teardown(self.lost)
             raise WorldLost(self.lost)
         return replies

@@ -177,9 +177,9 @@ def test_a_lost_launcher_process_still_yields_a_report_that_names_it(tmp_path, n
         assert [(r.rank, r.outcome) for r in lost.ranks] == [(0, "failed"), (1, "failed"), (2, "error")]
         for rank in lost.ranks[:2]:  # rank 2 may have published its part of the call before its SIGTERM
             # Which exchange, and how far the lost process got: what tells a lost process from diverged ones.
-            assert re.search(r"the launcher process of rank (2, )?3 did not report within 15 s at exchange \d+ \(waiting "
-                             r"for error or result; rank [23](( left no reply in the store)|('s last reply in the store is "
-                             r"at exchange \d+))", rank.message), rank.message
+            assert re.search(r"the launcher process of rank (2, )?3 did not report within 15 s at exchange \d+ "
+                             r"\(waiting for error or result; rank [23](( left no reply in the store)|"
+                             r"('s last reply in the store is at exchange \d+))", rank.message), rank.message
         assert "interrupted: the launcher process of rank 2 (node 1" in lost.ranks[2].message
         assert shared.outcome == "skipped" and "this run spans 2 nodes and ctx.shared_dir is per node: pass " \
             "--shared-dir" in shared.message
