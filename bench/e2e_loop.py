@@ -91,10 +91,10 @@ def without_known_failure(folder: Path, match: str) -> Path:
     return folder
 
 
-def end_processes_working_in(folder: Path) -> list[int]:
-    """SIGKILL every process (not this one) whose working directory is ``folder`` or below it; their pids.
-    Linux's ``/proc``; elsewhere nothing is found."""
-    root, ended = Path(folder).resolve(), []
+def end_processes_working_in(*folders: Path) -> list[int]:
+    """SIGKILL every process (not this one) whose working directory is one of ``folders`` or below it; their
+    pids. Linux's ``/proc``; elsewhere nothing is found."""
+    roots, ended = [Path(folder).resolve() for folder in folders], []
     proc = Path("/proc")
     for entry in proc.iterdir() if proc.is_dir() else ():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -103,7 +103,7 @@ def end_processes_working_in(folder: Path) -> list[int]:
             cwd = Path(os.readlink(entry / "cwd"))
         except OSError:  # gone, or not ours to read
             continue
-        if cwd == root or root in cwd.parents:
+        if any(cwd == root or root in cwd.parents for root in roots):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
                 ended.append(int(entry.name))
@@ -266,6 +266,5 @@ class Loop:
                     process.wait(10)
                 # act leaves the processes of a step it cancelled running, each step in a session of its own (a
                 # runner would end them): what still works in this run's repository or act's folders goes now.
-                for folder in (repo, home):
-                    end_processes_working_in(folder)
+                end_processes_working_in(repo, home)
         return ActRun(process.returncode, log.read_text(errors="replace"))
