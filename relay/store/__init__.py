@@ -37,6 +37,7 @@ _EXPORTS = {
     "NewDispatch": "relay.store.dispatches",
     "PullRequestSnapshot": "relay.store.pull_requests",
     "ScratchDatabaseInUse": "relay.store.scratch_databases",
+    "ScratchTablespaceMissing": "relay.store.scratch_databases",
     "Store": "relay.store.facade",
     "StoreRefused": "relay.store.errors",
     "StoreUnavailable": "relay.store.facade",

@@ -9,7 +9,9 @@ of the migrations themselves.
 PostgreSQL: tests connect to ``$RELAY_TEST_POSTGRES_URL`` (default
 ``postgresql://relay:relay@127.0.0.1:5432/postgres``), a role allowed to CREATE DATABASE; each test
 gets a database of its own, dropped when the test is done. When no server answers, the
-PostgreSQL variants are skipped with the reason (start one with ``pg_ctlcluster 15 main start``).
+PostgreSQL variants are skipped with the reason (start one with ``pg_ctlcluster 15 main start``). The databases
+live in the tablespace ``$RELAY_TEST_POSTGRES_TABLESPACE`` (default ``relay_scratch``, which ``.ci/postgres``
+makes on a RAM disk) when the server has it, else in its default one; set the variable empty for the default.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def _postgres_unavailable() -> str | None:
     return _postgres_problem[0]
 
 
-_POSTGRES = MigratedPostgres(POSTGRES_ADMIN_URL)
+_TABLESPACE = os.environ.get("RELAY_TEST_POSTGRES_TABLESPACE")  # named: must exist; unset: relay_scratch if there
+_POSTGRES = MigratedPostgres(POSTGRES_ADMIN_URL, "relay_scratch" if _TABLESPACE is None else _TABLESPACE or None,
+                             tablespace_required=bool(_TABLESPACE))
 
 
 @pytest.fixture(scope="session", autouse=True)

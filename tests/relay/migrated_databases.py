@@ -9,6 +9,9 @@ way the relay does at start (``run_migrations``), and each test gets a copy of i
   Sending the migration's statements again into a fresh schema for each test cost the server 60-100 ms of CPU
   a copy (catalog work for every table, index and constraint); a file copy costs it about 25 ms.
 
+Where the server has a tablespace for them (``MigratedPostgres(..., tablespace=...)``; ``.ci/postgres`` makes one on
+a RAM disk), the template and every copy live in it, off the server's disk: see ``create_scratch_database``.
+
 A relay started on a copy still runs its migrations at start: they find the schema current and do nothing. Tests
 of the migrations themselves take an empty database (``empty_database_url`` in ``conftest``).
 """
@@ -43,12 +46,18 @@ def copy_migrated_sqlite(template_folder: Path, path: Path) -> str:
 
 
 class MigratedPostgres:
-    """MigratedPostgres(admin_url): scratch databases at the newest revision, each a copy of one template that
-    this process migrated for real. ``release(url)`` then ``drop_released()`` drops one a test is done with;
-    ``drop_all()`` drops what is left, the template too."""
+    """MigratedPostgres(admin_url, tablespace=None): scratch databases at the newest revision, each a copy of one
+    template that this process migrated for real. ``release(url)`` then ``drop_released()`` drops one a test is
+    done with; ``drop_all()`` drops what is left, the template too.
 
-    def __init__(self, admin_url: str):
+    ``tablespace``: the one to keep the databases in when the server has it and the admin role may create in
+    it; otherwise the server's default. ``tablespace_required``: a missing one is an error instead (it was
+    asked for by name)."""
+
+    def __init__(self, admin_url: str, tablespace: str | None = None, *, tablespace_required: bool = False):
         self.admin_url = admin_url
+        self._tablespace_wanted, self._tablespace_required = tablespace, tablespace_required
+        self._tablespace: list[str | None] = []  # looked up on first use: [] until then
         self._template: str | None = None
         self._made: list[str] = []
         self._released: list[str] = []  # made, and done with: dropped at the next drop_released()
@@ -58,7 +67,7 @@ class MigratedPostgres:
         """A new empty database (for the tests of the migrations themselves); returns its URL."""
         from relay.store import create_scratch_database
 
-        return self._keep(create_scratch_database(self.admin_url, "relay_test"))
+        return self._keep(create_scratch_database(self.admin_url, "relay_test", tablespace=self.tablespace()))
 
     def copy(self) -> str:
         """A new database at the newest revision; returns its URL."""
@@ -94,6 +103,29 @@ class MigratedPostgres:
         for url in made:
             drop_scratch_database(self.admin_url, url)
 
+    def tablespace(self) -> str | None:
+        """The tablespace the databases are made in, or None for the server's default (asked once)."""
+        with self._lock:
+            if not self._tablespace:
+                self._tablespace.append(self._usable_tablespace())
+            return self._tablespace[0]
+
+    def _usable_tablespace(self) -> str | None:
+        if not self._tablespace_wanted:
+            return None
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            usable = conn.execute("SELECT has_tablespace_privilege(oid, 'CREATE') FROM pg_tablespace WHERE spcname = %s",
+                                  (self._tablespace_wanted,)).fetchone()
+        if usable and usable[0]:
+            return self._tablespace_wanted
+        if self._tablespace_required:
+            raise RuntimeError(
+                f"tablespace {self._tablespace_wanted!r} was asked for, but the server has none of that name that "
+                "this role may create databases in: make it (.ci/postgres does) or ask for none")
+        return None
+
     def _keep(self, url: str) -> str:
         with self._lock:
             self._made.append(url)
@@ -103,7 +135,7 @@ class MigratedPostgres:
         from relay.store import create_scratch_database
         from relay.store.database import create_store_engine, run_migrations
 
-        template = self._keep(create_scratch_database(self.admin_url, "relay_template"))
+        template = self._keep(create_scratch_database(self.admin_url, "relay_template", tablespace=self.tablespace()))
         engine = create_store_engine(template)
         try:
             run_migrations(engine)

@@ -1,16 +1,20 @@
 """Scratch databases for tests and benchmarks: made, copied from a template, dropped with sessions still open, dropped while
 autovacuum works in them (what ``DROP DATABASE ... WITH (FORCE)`` refuses a non-superuser), and a drop
-that other roles' sessions block is refused by name."""
+that other roles' sessions block is refused by name; databases kept in a tablespace of their own, and one whose folder
+is gone named."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from relay.store import ScratchDatabaseInUse, create_scratch_database, drop_scratch_database
+from relay.store import ScratchDatabaseInUse, ScratchTablespaceMissing, create_scratch_database, drop_scratch_database
 from tests.relay import private_postgres
 from tests.relay.migrated_databases import MigratedPostgres
 
@@ -159,3 +163,67 @@ def test_a_drop_that_another_roles_session_blocks_is_refused_by_name(cluster_wit
         assert _exists(admin_url, name)
     drop_scratch_database(admin_url, url)
     assert not _exists(admin_url, name)
+
+
+def _tablespace_of(admin_url: str, url: str) -> str:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        return conn.execute("SELECT t.spcname FROM pg_database d JOIN pg_tablespace t ON d.dattablespace = t.oid "
+                            "WHERE d.datname = %s", (make_url(url).database,)).fetchone()[0]
+
+
+@pytest.fixture
+def scratch_tablespace(cluster_with_eager_autovacuum):
+    """A tablespace ``scratch_files`` in a folder of its own on the private cluster, where the admin role may
+    create databases; yields the cluster, the admin URL and the folder."""
+    cluster, admin_url = cluster_with_eager_autovacuum
+    folder = Path(tempfile.mkdtemp(prefix="relay-pg-tablespace-"))
+    shutil.chown(folder, "postgres", "postgres")
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLESPACE scratch_files LOCATION '{folder}'")
+        conn.execute("GRANT CREATE ON TABLESPACE scratch_files TO scratch_admin")
+    try:
+        yield cluster, admin_url, folder
+    finally:
+        with psycopg.connect(cluster.url, autocommit=True) as conn:
+            conn.execute("DROP TABLESPACE scratch_files")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_database_made_in_a_tablespace_keeps_its_copies_there_and_a_lost_folder_is_named(scratch_tablespace):
+    cluster, admin_url, folder = scratch_tablespace
+    template = create_scratch_database(admin_url, "scratch_template", tablespace="scratch_files")
+    made = [create_scratch_database(admin_url, "scratch_test", template=template), template]
+    try:
+        assert _tablespace_of(admin_url, template) == _tablespace_of(admin_url, made[0]) == "scratch_files"
+        assert len([d for version in folder.iterdir() for d in version.iterdir()]) == 2  # their files are there
+        made.append(create_scratch_database(admin_url, "scratch_plain"))
+        assert _tablespace_of(admin_url, made[-1]) == "pg_default"
+        with pytest.raises(ValueError, match=r"tablespace name 'Files' is not a plain lower-case identifier"):
+            create_scratch_database(admin_url, "scratch_test", tablespace="Files")
+    finally:
+        for url in made:
+            drop_scratch_database(admin_url, url)
+    for version in folder.iterdir():  # as a RAM disk's folder is after a restart
+        shutil.rmtree(version)
+    with pytest.raises(ScratchTablespaceMissing, match=r"cannot create database 'scratch_test_[0-9a-f]{12}' in tablespace "
+                                                       r"'scratch_files': its folder is gone from the server \(could not "
+                                                       r"create directory .*\); make the tablespace again"):
+        create_scratch_database(admin_url, "scratch_test", tablespace="scratch_files")
+
+
+def test_the_tests_databases_go_to_the_tablespace_asked_for_when_the_server_has_it(scratch_tablespace,
+                                                                                     postgres_admin_url):
+    """``MigratedPostgres``: the template and its copies in the tablespace; one the server lacks is the default
+    (left as it is), or an error naming it when asked for by name (``RELAY_TEST_POSTGRES_TABLESPACE``)."""
+    _, admin_url, _ = scratch_tablespace
+    databases = MigratedPostgres(admin_url, "scratch_files")
+    try:
+        copy, empty = databases.copy(), databases.empty()
+        assert databases.tablespace() == "scratch_files"
+        assert {_tablespace_of(admin_url, url) for url in (databases._template, copy, empty)} == {"scratch_files"}
+    finally:
+        databases.drop_all()
+    assert MigratedPostgres(postgres_admin_url, "no_such_tablespace").tablespace() is None
+    with pytest.raises(RuntimeError, match=r"tablespace 'no_such_tablespace' was asked for, but the server has none "
+                                           r"of that name that this role may create databases in"):
+        MigratedPostgres(postgres_admin_url, "no_such_tablespace", tablespace_required=True).tablespace()
