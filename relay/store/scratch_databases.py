@@ -66,9 +66,9 @@ def create_scratch_database(admin_url: str, prefix: str, *, template: str | None
     ``tablespace``: where the server keeps the new database's files (without it: the template's, or the
     server's default). A run that makes hundreds of databases keeps them off the server's disk this way: on
     ext4 without a journal each new file's inode is looked for past every inode deleted in the last 30 s, so
-    a copy of about 300 files cost the server 25-50 ms of CPU, and more as the drops piled up, against 10 ms
-    on a RAM disk (``bench/scratch_databases.py``). Raises :class:`ScratchTablespaceMissing` when its folder
-    is gone.
+    a copy of about 300 files and its drop cost the server 30-38 ms of CPU, and more as drops piled up, against
+    18-19 ms on a RAM disk (``bench/scratch_databases.py``). Raises :class:`ScratchTablespaceMissing` when its
+    folder is gone.
     """
     name = _checked(f"{prefix}_{uuid.uuid4().hex[:12]}", "scratch database name")
     statement = f'CREATE DATABASE "{name}"'
