@@ -67,7 +67,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if server_cpu() == 0.0:
-        parser.error("no postgres process readable in /proc: the server must run on this machine, readable by this user")
+        parser.error("no postgres process readable in /proc: the server must run on this machine, readable by this "
+                     "user")
 
     templates = {}
     for place, tablespace in (("default", None), ("scratch", args.tablespace)):

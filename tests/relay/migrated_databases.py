@@ -116,8 +116,9 @@ class MigratedPostgres:
         import psycopg
 
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            usable = conn.execute("SELECT has_tablespace_privilege(oid, 'CREATE') FROM pg_tablespace WHERE spcname = %s",
-                                  (self._tablespace_wanted,)).fetchone()
+            usable = conn.execute(
+                "SELECT has_tablespace_privilege(oid, 'CREATE') FROM pg_tablespace WHERE spcname = %s",
+                (self._tablespace_wanted,)).fetchone()
         if usable and usable[0]:
             return self._tablespace_wanted
         if self._tablespace_required:

@@ -190,7 +190,7 @@ def scratch_tablespace(cluster_with_eager_autovacuum):
 
 
 def test_a_database_made_in_a_tablespace_keeps_its_copies_there_and_a_lost_folder_is_named(scratch_tablespace):
-    cluster, admin_url, folder = scratch_tablespace
+    _, admin_url, folder = scratch_tablespace
     template = create_scratch_database(admin_url, "scratch_template", tablespace="scratch_files")
     made = [create_scratch_database(admin_url, "scratch_test", template=template), template]
     try:
@@ -205,9 +205,10 @@ def test_a_database_made_in_a_tablespace_keeps_its_copies_there_and_a_lost_folde
             drop_scratch_database(admin_url, url)
     for version in folder.iterdir():  # as a RAM disk's folder is after a restart
         shutil.rmtree(version)
-    with pytest.raises(ScratchTablespaceMissing, match=r"cannot create database 'scratch_test_[0-9a-f]{12}' in tablespace "
-                                                       r"'scratch_files': its folder is gone from the server \(could not "
-                                                       r"create directory .*\); make the tablespace again"):
+    with pytest.raises(ScratchTablespaceMissing,
+                       match=r"cannot create database 'scratch_test_[0-9a-f]{12}' in tablespace 'scratch_files': its "
+                             r"folder is gone from the server \(could not create directory .*\); make the tablespace "
+                             r"again"):
         create_scratch_database(admin_url, "scratch_test", tablespace="scratch_files")
 
 
