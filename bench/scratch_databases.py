@@ -4,8 +4,9 @@ The relay's tests make a database for each PostgreSQL test, a copy of one migrat
 (``tests/relay/migrated_databases.py``), and drop it after. This script makes ``--copies`` copies of a migrated
 template and drops them, in the server's default tablespace and in ``--tablespace`` (``.ci/postgres`` makes
 ``relay_scratch`` on a RAM disk) in turn, ``--rounds`` times, and prints the wall time and the server's CPU per
-copy (made and dropped) of each. The server's CPU is read from /proc, so the server must run on this machine
-(its processes readable: run as root or as its user).
+copy (made and dropped) of each. The server's CPU is that of its process tree, read from /proc
+(``bench/cpu_per_test.py``'s ``ProcessTree``), so the server must run on this machine (its processes readable:
+run as root or as its user).
 
     python bench/scratch_databases.py [--admin-url postgresql://relay:relay@127.0.0.1:5432/postgres]
                                       [--tablespace relay_scratch] [--copies 40] [--rounds 3]
@@ -27,35 +28,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psutil  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+
+from bench.cpu_per_test import ProcessTree  # noqa: E402
 from relay.store import create_scratch_database, drop_scratch_database  # noqa: E402
-from relay.store.database import create_store_engine, run_migrations  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
+from relay.store.database import create_store_engine, normalise_url, run_migrations  # noqa: E402
 
 
-def server_cpu() -> float:
-    """CPU seconds of every running ``postgres`` process and of the ones its postmaster reaped."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "comm").read_text().strip() != "postgres":
-                continue
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        total += sum(int(value) for value in fields[11:15]) / TICK  # utime, stime, cutime, cstime
-    return total
+def server_processes(admin_url: str) -> ProcessTree:
+    """The server's processes: its postmaster (the parent of a session's backend) and every process below it,
+    so another cluster on the machine does not count."""
+    engine = create_engine(normalise_url(admin_url))
+    try:
+        with engine.connect() as connection:
+            backend = connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        return ProcessTree(psutil.Process(backend).ppid())
+    finally:
+        engine.dispose()
 
 
-def one_round(admin_url: str, template: str, copies: int) -> tuple[float, float]:
+def one_round(admin_url: str, server: ProcessTree, template: str, copies: int) -> tuple[float, float]:
     """Wall and server CPU per copy made and dropped."""
-    cpu, start = server_cpu(), time.perf_counter()
+    cpu, start = server.cpu_seconds(), time.perf_counter()
     made = [create_scratch_database(admin_url, "bench_copy", template=template) for _ in range(copies)]
     for url in made:
         drop_scratch_database(admin_url, url)
-    return (time.perf_counter() - start) / copies, (server_cpu() - cpu) / copies
+    return (time.perf_counter() - start) / copies, (server.cpu_seconds() - cpu) / copies
 
 
 def main() -> int:
@@ -66,8 +65,10 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if server_cpu() == 0.0:
-        parser.error("no postgres process readable in /proc: the server must run on this machine, readable by this "
+    try:
+        server = server_processes(args.admin_url)
+    except psutil.Error as exc:
+        parser.error(f"the server's processes cannot be read ({exc}): it must run on this machine, readable by this "
                      "user")
 
     templates = {}
@@ -80,7 +81,7 @@ def main() -> int:
     try:
         for round_number in range(1, args.rounds + 1):
             for place, template in templates.items():
-                wall, cpu = one_round(args.admin_url, template, args.copies)
+                wall, cpu = one_round(args.admin_url, server, template, args.copies)
                 figures[place]["wall_ms"].append(round(wall * 1000, 1))
                 figures[place]["server_cpu_ms"].append(round(cpu * 1000, 1))
                 print(f"round {round_number}, {place:7}: {wall * 1000:6.1f} ms wall, {cpu * 1000:6.1f} ms of the "

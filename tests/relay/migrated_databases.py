@@ -18,6 +18,7 @@ of the migrations themselves take an empty database (``empty_database_url`` in `
 
 from __future__ import annotations
 
+import functools
 import shutil
 import threading
 from pathlib import Path
@@ -57,7 +58,6 @@ class MigratedPostgres:
     def __init__(self, admin_url: str, tablespace: str | None = None, *, tablespace_required: bool = False):
         self.admin_url = admin_url
         self._tablespace_wanted, self._tablespace_required = tablespace, tablespace_required
-        self._tablespace: list[str | None] = []  # looked up on first use: [] until then
         self._template: str | None = None
         self._made: list[str] = []
         self._released: list[str] = []  # made, and done with: dropped at the next drop_released()
@@ -67,7 +67,7 @@ class MigratedPostgres:
         """A new empty database (for the tests of the migrations themselves); returns its URL."""
         from relay.store import create_scratch_database
 
-        return self._keep(create_scratch_database(self.admin_url, "relay_test", tablespace=self.tablespace()))
+        return self._keep(create_scratch_database(self.admin_url, "relay_test", tablespace=self.tablespace))
 
     def copy(self) -> str:
         """A new database at the newest revision; returns its URL."""
@@ -103,14 +103,9 @@ class MigratedPostgres:
         for url in made:
             drop_scratch_database(self.admin_url, url)
 
+    @functools.cached_property
     def tablespace(self) -> str | None:
-        """The tablespace the databases are made in, or None for the server's default (asked once)."""
-        with self._lock:
-            if not self._tablespace:
-                self._tablespace.append(self._usable_tablespace())
-            return self._tablespace[0]
-
-    def _usable_tablespace(self) -> str | None:
+        """The tablespace the databases are made in, or None for the server's default (asked on first use)."""
         if not self._tablespace_wanted:
             return None
         import psycopg
@@ -136,7 +131,7 @@ class MigratedPostgres:
         from relay.store import create_scratch_database
         from relay.store.database import create_store_engine, run_migrations
 
-        template = self._keep(create_scratch_database(self.admin_url, "relay_template", tablespace=self.tablespace()))
+        template = self._keep(create_scratch_database(self.admin_url, "relay_template", tablespace=self.tablespace))
         engine = create_store_engine(template)
         try:
             run_migrations(engine)

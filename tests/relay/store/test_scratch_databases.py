@@ -220,11 +220,11 @@ def test_the_tests_databases_go_to_the_tablespace_asked_for_when_the_server_has_
     databases = MigratedPostgres(admin_url, "scratch_files")
     try:
         copy, empty = databases.copy(), databases.empty()
-        assert databases.tablespace() == "scratch_files"
+        assert databases.tablespace == "scratch_files"
         assert {_tablespace_of(admin_url, url) for url in (databases._template, copy, empty)} == {"scratch_files"}
     finally:
         databases.drop_all()
-    assert MigratedPostgres(postgres_admin_url, "no_such_tablespace").tablespace() is None
+    assert MigratedPostgres(postgres_admin_url, "no_such_tablespace").tablespace is None
     with pytest.raises(RuntimeError, match=r"tablespace 'no_such_tablespace' was asked for, but the server has none "
                                            r"of that name that this role may create databases in"):
-        MigratedPostgres(postgres_admin_url, "no_such_tablespace", tablespace_required=True).tablespace()
+        MigratedPostgres(postgres_admin_url, "no_such_tablespace", tablespace_required=True).tablespace
